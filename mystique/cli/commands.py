@@ -1,0 +1,3 @@
+"""Registers every command module on the group."""
+
+from . import cmd_capture, cmd_info  # noqa: F401

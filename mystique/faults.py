@@ -1,0 +1,70 @@
+"""Registry of built-in fault simulations (``mystique faults``, ``--inject NAME[:params]``).
+
+Each entry is a dispatch-mode factory that makes a healthy device behave like a broken one,
+documented with the real failure it imitates. Simulations register themselves with
+:func:`register`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import UsageError
+
+
+@dataclass(frozen=True)
+class FaultSpec:
+    name: str
+    summary: str
+    imitates: str
+    build: Callable[..., Any]  # build(**params) -> TorchDispatchMode
+    params: dict[str, Any] = field(default_factory=dict)  # name -> default
+
+
+FAULTS: dict[str, FaultSpec] = {}
+
+
+def register(spec: FaultSpec) -> FaultSpec:
+    FAULTS[spec.name] = spec
+    return spec
+
+
+def parse_params(text: str, name: str) -> dict[str, Any]:
+    """Parse ``k=v,k=v`` against the defaults of fault ``name`` (values typed like the defaults)."""
+    spec = FAULTS[name]
+    params = dict(spec.params)
+    if not text:
+        return params
+    for item in text.split(","):
+        key, sep, raw = item.partition("=")
+        key = key.strip()
+        if not sep or key not in spec.params:
+            known = ", ".join(spec.params) or "none"
+            raise UsageError(f"--inject {name}: unknown parameter {item!r} (parameters: {known})")
+        default = spec.params[key]
+        try:
+            params[key] = type(default)(raw) if default is not None and not isinstance(default, bool) else (
+                raw.lower() in ("1", "true", "yes") if isinstance(default, bool) else raw
+            )
+        except ValueError as exc:
+            raise UsageError(f"--inject {name}: {key}={raw!r} is not a {type(default).__name__}") from exc
+    return params
+
+
+def make_factory(name: str, params: dict[str, Any]) -> Callable[[], Any]:
+    spec = FAULTS[name]
+    return lambda: spec.build(**params)
+
+
+def load_builtin() -> None:
+    """Import the modules that register built-in simulations (no-op when none exist yet)."""
+    import importlib
+
+    for module in ("mystique.fault_modes",):
+        try:
+            importlib.import_module(module)
+        except ModuleNotFoundError as exc:
+            if exc.name != module:
+                raise

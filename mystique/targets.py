@@ -1,0 +1,190 @@
+"""The device under test.
+
+A :class:`Target` is a torch device string plus, optionally, a factory of a
+``TorchDispatchMode`` that is active only while operators run on the device under test
+(``with target.active(): ...``), never while a reference or golden result is computed. The mode
+is how a user plugs in a custom backend or a fault simulation (``--inject SPEC``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import os
+import platform
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import EnvironmentUnsupported, UsageError
+
+ModeFactory = Callable[[], Any]
+_DEVICE_RE = re.compile(r"^(cpu|cuda|xpu|mps|hpu|mtia|privateuseone|meta)(:\d+)?$")
+_MODULE_RE = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*$")
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    device: str
+    name: str
+    capability: str
+    memory_bytes: int | None
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where the code under test runs."""
+
+    device: str = "cpu"
+    mode_factory: ModeFactory | None = None
+    inject: str | None = None
+
+    @property
+    def label(self) -> str:
+        """Device string as results rows show it: ``cuda:0`` or ``cpu+bitflip:rate=1e-3``."""
+        return f"{self.device}+{self.inject}" if self.inject else self.device
+
+    @property
+    def torch_device(self):
+        import torch
+
+        return torch.device(self.device)
+
+    @contextlib.contextmanager
+    def active(self) -> Iterator[None]:
+        """Run the enclosed operators as the device under test (the injected mode, if any)."""
+        if self.mode_factory is None:
+            yield
+            return
+        mode = self.mode_factory()
+        with mode:
+            yield
+
+    def synchronize(self) -> None:
+        synchronize(self.device)
+
+    def info(self) -> DeviceInfo:
+        return device_info(self.device)
+
+    def without_mode(self) -> Target:
+        """The same device with nothing injected: the reference side of a comparison."""
+        return Target(self.device)
+
+
+def synchronize(device: str) -> None:
+    import torch
+
+    kind = device.split(":")[0]
+    mod = getattr(torch, kind, None)
+    if kind != "cpu" and mod is not None and hasattr(mod, "synchronize"):
+        mod.synchronize()
+
+
+def check_device(device: str) -> str:
+    """Validate a device string: exit 2 when malformed, exit 3 when the device is absent."""
+    device = device.strip()
+    if not _DEVICE_RE.match(device):
+        raise UsageError(f"unknown device {device!r}; expected e.g. cpu, cuda, cuda:1, xpu, mps")
+    import torch
+
+    dev = torch.device(device)
+    if dev.type in ("cpu", "meta"):
+        return device
+    backend = getattr(torch, dev.type, None)
+    available = backend is not None and getattr(backend, "is_available", lambda: False)()
+    if not available:
+        raise EnvironmentUnsupported(f"device {device} is not available on this machine")
+    count = getattr(backend, "device_count", lambda: 1)()
+    if dev.index is not None and dev.index >= count:
+        raise EnvironmentUnsupported(f"device {device} is not available: this machine has {count} {dev.type} device(s)")
+    return device
+
+
+def resolve_inject(spec: str) -> ModeFactory:
+    """Turn ``--inject SPEC`` into a mode factory.
+
+    SPEC is a built-in fault simulation ``NAME`` or ``NAME:key=value,...`` (``mystique faults``
+    lists them), or ``package.module:factory`` naming a callable of no arguments that returns a
+    ``TorchDispatchMode``.
+    """
+    from . import faults
+
+    faults.load_builtin()
+    spec = spec.strip()
+    head, _, tail = spec.partition(":")
+    if head in faults.FAULTS:
+        return faults.make_factory(head, faults.parse_params(tail, head))
+    if not _MODULE_RE.match(head) or not tail or not tail.isidentifier():
+        known = ", ".join(sorted(faults.FAULTS)) or "none yet"
+        raise UsageError(
+            f"--inject {spec!r} is neither a built-in fault simulation ({known}) nor package.module:factory"
+        )
+    try:
+        module = importlib.import_module(head)
+    except ImportError as exc:
+        raise UsageError(f"--inject {spec!r}: cannot import module {head!r}: {exc}") from exc
+    factory = getattr(module, tail, None)
+    if not callable(factory):
+        raise UsageError(f"--inject {spec!r}: module {head!r} has no callable {tail!r}")
+    return factory
+
+
+def make_target(device: str = "cpu", inject: str | None = None) -> Target:
+    """Build a Target from CLI-style strings, validating both."""
+    device = check_device(device)
+    factory = resolve_inject(inject) if inject else None
+    return Target(device, factory, inject.strip() if inject else None)
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as fh:
+            for line in fh:
+                if line.lower().startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "cpu"
+
+
+def host_memory_bytes(available: bool = False) -> int | None:
+    """Total (or currently available) host memory in bytes, where the OS tells."""
+    key = "MemAvailable:" if available else "MemTotal:"
+    try:
+        with open("/proc/meminfo", encoding="utf-8") as fh:
+            for line in fh:
+                if line.startswith(key):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def device_memory_bytes(device: str, available: bool = False) -> int | None:
+    """Memory of the device (total, or free now); host memory for the CPU."""
+    import torch
+
+    dev = torch.device(device)
+    if dev.type == "cuda" and torch.cuda.is_available():
+        free, total = torch.cuda.mem_get_info(dev.index or 0)
+        return free if available else total
+    if dev.type == "cpu":
+        return host_memory_bytes(available)
+    return None
+
+
+def device_info(device: str) -> DeviceInfo:
+    import torch
+
+    dev = torch.device(device)
+    if dev.type == "cuda" and torch.cuda.is_available():
+        idx = dev.index or 0
+        props = torch.cuda.get_device_properties(idx)
+        return DeviceInfo(device, props.name, f"sm_{props.major}{props.minor}", props.total_memory)
+    if dev.type == "cpu":
+        return DeviceInfo(device, _cpu_name(), f"{platform.machine()} x{os.cpu_count()}", host_memory_bytes())
+    return DeviceInfo(device, dev.type, "", device_memory_bytes(device))

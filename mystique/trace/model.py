@@ -1,0 +1,83 @@
+"""Typed, schema-independent model of a PyTorch Execution Trace.
+
+Every schema parser (1.0.1 flat ... 1.1.1-chakra) produces these objects; replay, generation and
+analysis read only these. This module needs no torch.
+
+Tensor values in the ET are ``[tensor_id, storage_id, offset, numel, itemsize, device]``
+(offset in elements, from 1.0.2; 1.0.1 has the same tuple). ``dtype`` is the torch dtype name
+taken from the type string (``Tensor(float)`` -> ``float32``, ``Tensor(c10::BFloat16)`` ->
+``bfloat16``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class TensorRef:
+    tensor_id: int
+    storage_id: int
+    offset: int  # storage offset, in elements
+    numel: int
+    itemsize: int  # bytes per element
+    device: str | None  # as recorded, e.g. "cuda:0", "cpu"
+    shape: tuple[int, ...]
+    strides: tuple[int, ...] | None  # None when the schema does not record strides
+    dtype: str  # torch dtype name: "float32", "bfloat16", "int64", "bool", ...
+    value_range: tuple[float, float] | None = None  # (min, max) of integral tensors, when recorded
+
+
+@dataclass(frozen=True)
+class Arg:
+    """One input or output of a node.
+
+    ``kind`` is the ET type with element types stripped: ``Tensor``, ``GenericList``, ``Int``,
+    ``Double``, ``Bool``, ``String``, ``None``, ``Device``, ``Layout``, ``ScalarType``,
+    ``MemoryFormat``, ``Generator``, ``Stream``, ``Storage`` or what the trace says.
+    ``value`` is a :class:`TensorRef` for tensors, a list of :class:`Arg` for lists, a Python
+    scalar/str/None otherwise. ``type`` is the original type string.
+    """
+
+    kind: str
+    value: Any
+    type: str
+    shape: Any = None  # raw recorded shape entry
+
+
+@dataclass
+class Node:
+    id: int
+    name: str  # "aten::mm", "ProfilerStep#3", "## forward ##", "record_param_comms", ...
+    parent: int | None  # call-stack parent (ctrl_deps / parent); None for the root
+    inputs: list[Arg] = field(default_factory=list)
+    outputs: list[Arg] = field(default_factory=list)
+    op_schema: str = ""  # "aten::mm.out(Tensor self, Tensor mat2, *, Tensor(a!) out) -> Tensor(a!)"
+    rf_id: int | None = None  # record-function id: joins with the Kineto trace
+    seq_id: int | None = None
+    tid: int | None = None
+    fw_parent: int | None = None
+    scope: int | None = None
+    kernel_backend: str = ""  # "triton" for PT2 kernels
+    kernel_file: str = ""
+    attrs: dict[str, Any] = field(default_factory=dict)  # every attribute as recorded
+    children: list[int] = field(default_factory=list)  # filled by the loader, in execution order
+
+    @property
+    def is_op(self) -> bool:
+        """An operator call (has a schema or a namespaced name), as opposed to a label node."""
+        return bool(self.op_schema) or "::" in self.name
+
+
+@dataclass
+class Trace:
+    schema: str  # the schema version string as recorded, e.g. "1.1.1-chakra.0.0.4"
+    nodes: dict[int, Node]  # id -> node
+    root_id: int
+    pid: int | None = None
+    time: str | None = None
+    start_ts: int | None = None
+    finish_ts: int | None = None
+    source: str = ""  # the path it was read from
+    metadata: dict[str, Any] = field(default_factory=dict)  # any other top-level keys

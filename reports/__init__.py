@@ -1,0 +1,1 @@
+"""CSV and HTML rendering of results tables. Never imports torch."""
