@@ -17,6 +17,12 @@ from pathlib import Path
 from .errors import UsageError
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
     """Write ``data`` to ``path`` through a temporary file in the same folder and a rename."""
     path = Path(path)
@@ -28,6 +34,7 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
+        os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
@@ -51,12 +58,13 @@ def check_output_dir(out_dir: str | os.PathLike, force: bool = False) -> Path:
         raise UsageError(f"output path {out} exists and is not a folder")
     if out.is_dir() and any(out.iterdir()) and not force:
         raise UsageError(f"output folder {out} exists and is not empty; pass --force to replace its files")
-    parent = out.parent if str(out.parent) else Path(".")
-    probe = parent
+    probe = out if out.is_dir() else (out.parent if str(out.parent) else Path("."))
     while not probe.exists():
         probe = probe.parent
-    if not os.access(probe, os.W_OK | os.X_OK) or (out.is_dir() and not os.access(out, os.W_OK | os.X_OK)):
-        raise UsageError(f"cannot write to {out}: permission denied")
+    try:  # the only reliable test of writability is writing
+        tempfile.TemporaryDirectory(prefix=".mystique-probe.", dir=probe).cleanup()
+    except OSError as exc:
+        raise UsageError(f"cannot write to {out}: {exc.strerror or exc}") from exc
     return out
 
 
@@ -72,6 +80,7 @@ def staged_output_dir(out_dir: str | os.PathLike, force: bool = False) -> Iterat
     try:
         parent.mkdir(parents=True, exist_ok=True)
         stage = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".staging", dir=parent))
+        os.chmod(stage, 0o777 & ~_umask())
     except OSError as exc:
         raise UsageError(f"cannot write to {out}: {exc.strerror or exc}") from exc
     try:

@@ -31,10 +31,10 @@ class Progress:
     def note(self, message: str) -> None:
         if not _ENABLED:
             return
-        where = f"{self.count}/{self.total}" if self.total else f"{self.count}"
+        where = f" {self.count}/{self.total}" if self.total else (f" {self.count}" if self.count else "")
         elapsed = time.perf_counter() - self.t0
         stream = self.stream or sys.stderr
-        print(f"[{self.label} {where} {elapsed:6.1f}s] {message}", file=stream, flush=True)
+        print(f"[{self.label}{where} {elapsed:.1f}s] {message}", file=stream, flush=True)
 
     def __enter__(self) -> Progress:
         return self

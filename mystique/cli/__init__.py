@@ -21,7 +21,42 @@ Exit codes:
   3  the environment cannot do it (device absent, package missing, too little memory)"""
 
 
-@click.group(epilog=EXIT_CODES, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+class MystiqueGroup(click.Group):
+    """A group whose commands may return an exit code and raise our errors.
+
+    A :class:`MystiqueError` becomes one line on stderr (``mystique: error: ...``) and its exit
+    code; any other exception becomes one line and exit 1; ``--debug`` shows the traceback. The
+    console script and ``CliRunner().invoke(cli, ...)`` behave the same.
+    """
+
+    def invoke(self, ctx: click.Context):
+        debug = "--debug" in sys.argv[1:] or bool(ctx.params.get("debug"))
+        try:
+            rv = super().invoke(ctx)
+        except (click.ClickException, click.exceptions.Exit, click.exceptions.Abort):
+            raise
+        except MystiqueError as exc:
+            if debug:
+                traceback.print_exc()
+            click.echo(f"mystique: error: {exc}", err=True)
+            ctx.exit(exc.exit_code)
+        except KeyboardInterrupt:
+            click.echo("mystique: error: interrupted", err=True)
+            ctx.exit(130)
+        except Exception as exc:  # an internal fault: one line, the traceback with --debug
+            if debug:
+                traceback.print_exc()
+            click.echo(
+                f"mystique: error: internal error: {type(exc).__name__}: {exc} (run with --debug for the traceback)",
+                err=True,
+            )
+            ctx.exit(1)
+        if isinstance(rv, int) and rv:
+            ctx.exit(rv)
+        return rv
+
+
+@click.group(cls=MystiqueGroup, epilog=EXIT_CODES, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(package_name="mystique-suite", prog_name="mystique")
 @click.option("--debug", is_flag=True, help="Show tracebacks instead of one-line errors.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress lines on stderr.")
@@ -44,33 +79,12 @@ _register()
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point: run the group, turn our errors into one line and an exit code."""
-    args = sys.argv[1:] if argv is None else argv
-    debug = "--debug" in args
+    """Run the command line and return its exit code (no ``sys.exit``)."""
     try:
-        rv = cli.main(args=args, prog_name="mystique", standalone_mode=False)
-    except click.exceptions.Exit as exc:
-        return exc.exit_code
-    except click.ClickException as exc:
-        exc.show()
-        return exc.exit_code
-    except click.exceptions.Abort:
-        click.echo("mystique: error: aborted", err=True)
-        return 2
-    except MystiqueError as exc:
-        if debug:
-            traceback.print_exc()
-        click.echo(f"mystique: error: {exc}", err=True)
-        return exc.exit_code
-    except KeyboardInterrupt:
-        click.echo("mystique: error: interrupted", err=True)
-        return 130
-    except Exception as exc:  # an internal fault: one line, the traceback with --debug
-        if debug:
-            traceback.print_exc()
-        click.echo(f"mystique: error: internal error: {type(exc).__name__}: {exc} (run with --debug for the traceback)", err=True)
-        return 1
-    return rv if isinstance(rv, int) else 0
+        cli.main(args=sys.argv[1:] if argv is None else list(argv), prog_name="mystique", standalone_mode=True)
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    return 0
 
 
 def run() -> None:

@@ -11,6 +11,7 @@ taken from the type string (``Tensor(float)`` -> ``float32``, ``Tensor(c10::BFlo
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -65,9 +66,24 @@ class Node:
     children: list[int] = field(default_factory=list)  # filled by the loader, in execution order
 
     @property
+    def is_label(self) -> bool:
+        """A label node that only groups other nodes (see :func:`is_label_name`)."""
+        return is_label_name(self.name) and not self.op_schema
+
+    @property
     def is_op(self) -> bool:
-        """An operator call (has a schema or a namespaced name), as opposed to a label node."""
-        return bool(self.op_schema) or "::" in self.name
+        """An operator call, as opposed to a label node.
+
+        True for nodes with an ``op_schema``, compiled kernels (``kernel_backend``, e.g. Triton),
+        ``record_param_comms`` and namespaced names (``aten::*``, ``c10d::*``, custom
+        ``ns::op``), except the autograd/DDP/profiler labels that also contain ``::``
+        (``autograd::engine::evaluate_function: ...``, ``torch::autograd::AccumulateGrad``, ...).
+        """
+        if self.op_schema or self.kernel_backend:
+            return True
+        if self.name == "record_param_comms":
+            return True
+        return "::" in self.name and not is_label_name(self.name)
 
 
 @dataclass
@@ -81,3 +97,59 @@ class Trace:
     finish_ts: int | None = None
     source: str = ""  # the path it was read from
     metadata: dict[str, Any] = field(default_factory=dict)  # any other top-level keys
+
+    @property
+    def root(self) -> Node:
+        return self.nodes[self.root_id]
+
+    def preorder(self, start: int | None = None) -> Iterator[Node]:
+        """Yield the subtree of ``start`` (default: the root) in execution order, parents first."""
+        nodes = self.nodes
+        stack = [self.root_id if start is None else start]
+        while stack:
+            node = nodes[stack.pop()]
+            yield node
+            stack.extend(reversed(node.children))
+
+    def ancestors(self, node_id: int) -> Iterator[Node]:
+        """Yield the parent, grandparent, ... of ``node_id`` up to the root."""
+        parent = self.nodes[node_id].parent
+        while parent is not None:
+            node = self.nodes[parent]
+            yield node
+            parent = node.parent
+
+
+# Prefixes of record-function names that label a region instead of calling an operator.
+LABEL_PREFIXES: tuple[str, ...] = (
+    "## ",  # user annotations: "## forward ##", "## process_group:init ##"
+    "##",
+    "ProfilerStep#",
+    "Optimizer.",  # "Optimizer.step#Adam.step", "Optimizer.zero_grad#..."
+    "[pytorch|profiler",  # process and thread nodes
+    "autograd::engine::",  # "autograd::engine::evaluate_function: MmBackward0"
+    "torch::autograd::",  # AccumulateGrad, CppNode<...>, GraphRoot
+    "torch::distributed::",  # DDP reducer regions
+    "torch.distributed.",
+    "enumerate(DataLoader)",
+    "DistributedDataParallel.",
+    "Torch-Compiled Region",
+    "TorchDynamo ",
+    "CompiledFunction",
+    "AOTDispatcher ",
+    "Pregraph bytecode",
+)
+
+
+def is_label_name(name: str) -> bool:
+    """True for names that label a region: ``## forward ##``, ``ProfilerStep#3``, autograd
+    engine and DDP regions, profiler thread/process nodes, ``nccl:all_reduce`` (a single-colon
+    backend label inside ``record_param_comms``), autograd function names (``MmBackward0``)."""
+    if name.startswith(LABEL_PREFIXES):
+        return True
+    if "::" in name:
+        return False
+    if name == "record_param_comms":
+        return False
+    # no namespace: autograd node names, module labels, "nccl:all_reduce", "detach_" hooks ...
+    return True

@@ -1,0 +1,250 @@
+"""Capture: time a workload step uninstrumented, then record one step as an execution trace.
+
+``capture(target, out_dir, ...)`` writes the trace dir of DESIGN.md:
+
+- ``trace.json.gz``: the PyTorch Execution Trace exactly as ``ExecutionTraceObserver`` wrote it
+  (integral tensor ranges recorded), one ``ProfilerStep#N`` holding the recorded step;
+- ``kineto.json.gz``: the Kineto profiler trace of the same step (events carry
+  ``Record function id`` = the ET node's ``rf_id``);
+- ``capture.json``: what was captured and the measured step time of the uninstrumented step;
+- ``results.csv``: the capture suite's rows (step time, trace size).
+
+TARGET is a built-in workload name (``mystique.workloads.names()``) or ``package.module:function``
+naming a function of no arguments that returns a callable doing one step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import json
+import os
+import platform
+import re
+import socket
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, is_dataclass
+from pathlib import Path
+from typing import Any
+
+from .errors import EnvironmentUnsupported, UsageError
+from .io import atomic_write_text, check_output_dir, staged_output_dir
+from .progress import Progress
+from .results import Results, RunContext, utc_now, write_csv
+from .targets import Target, check_device
+
+TRACE_FILE = "trace.json.gz"
+KINETO_FILE = "kineto.json.gz"
+CAPTURE_FILE = "capture.json"
+CAPTURE_FORMAT = {"format": "mystique-capture", "version": 1}
+_USER_TARGET = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$")
+_DTYPES = ("float32", "bfloat16", "float16", "float64")
+
+
+def resolve_step(
+    target: str, *, config: str, mode: str, device: str, dtype: str, seed: int
+) -> tuple[Callable[[], Any], dict[str, Any]]:
+    """Return the step callable for TARGET and a description of it for ``capture.json``."""
+    import torch
+
+    from . import workloads
+
+    if dtype not in _DTYPES:
+        raise UsageError(f"unknown dtype {dtype!r}; expected one of {', '.join(_DTYPES)}")
+    if target in workloads.names():
+        try:
+            step = workloads.make_step(
+                target, config, mode, device=device, dtype=getattr(torch, dtype), seed=seed
+            )
+        except workloads.WorkloadTooLarge as exc:
+            raise EnvironmentUnsupported(str(exc)) from exc
+        except ValueError as exc:
+            raise UsageError(str(exc)) from exc
+        cfg = step.config
+        described = asdict(cfg) if is_dataclass(cfg) else repr(cfg)
+        return step.fn, {
+            "kind": "workload",
+            "workload": target,
+            "config": config,
+            "config_values": described,
+            "mode": mode,
+            "batch": {k: list(v.shape) for k, v in step.batch.items()},
+        }
+    if not _USER_TARGET.match(target):
+        raise UsageError(
+            f"unknown capture target {target!r}; expected one of {', '.join(workloads.names())} "
+            "or package.module:function"
+        )
+    module_name, _, func_name = target.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise UsageError(f"cannot import module {module_name!r} of capture target {target!r}: {exc}") from exc
+    factory = getattr(module, func_name, None)
+    if not callable(factory):
+        raise UsageError(f"capture target {target!r}: module {module_name!r} has no callable {func_name!r}")
+    torch.manual_seed(seed)
+    step = factory()
+    if not callable(step):
+        raise UsageError(
+            f"capture target {target!r} must return a callable doing one step; it returned {type(step).__name__}"
+        )
+    return step, {"kind": "user", "function": target, "config": None, "mode": None}
+
+
+def time_step(step: Callable[[], Any], target: Target, *, warmup: int, iters: int,
+              progress: Progress | None = None) -> dict[str, Any]:
+    """Warm up, then time ``iters`` uninstrumented steps (device-synchronised); medians in ms."""
+    for i in range(warmup):
+        step()
+        if progress:
+            progress.note(f"warm-up {i + 1}/{warmup}")
+    target.synchronize()
+    times = []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        step()
+        target.synchronize()
+        times.append((time.perf_counter() - t0) * 1e3)
+    q = statistics.quantiles(times, n=4) if len(times) >= 2 else [times[0]] * 3
+    return {
+        "warmup": warmup,
+        "iterations": iters,
+        "median_ms": statistics.median(times),
+        "min_ms": min(times),
+        "max_ms": max(times),
+        "iqr_ms": q[2] - q[0],
+        "stdev_ms": statistics.stdev(times) if len(times) > 1 else 0.0,
+        "times_ms": times,
+    }
+
+
+def record_step(step: Callable[[], Any], target: Target, trace_path: Path, kineto_path: Path) -> None:
+    """Record one step with the Execution Trace observer and the Kineto profiler together.
+
+    The profiler schedule runs one warm-up step (profiler started, nothing kept), then one active
+    step, so the ET holds exactly one ``ProfilerStep#N``.
+    """
+    import torch
+    from torch.profiler import ExecutionTraceObserver, ProfilerActivity
+
+    os.environ["ENABLE_PYTORCH_EXECUTION_TRACE_SAVE_INTEGRAL_TENSOR_RANGE"] = "1"
+    activities = [ProfilerActivity.CPU]
+    if target.torch_device.type == "cuda" and torch.cuda.is_available():
+        activities.append(ProfilerActivity.CUDA)
+    exported: list[bool] = []
+
+    def on_ready(prof) -> None:
+        prof.export_chrome_trace(str(kineto_path))
+        exported.append(True)
+
+    et = ExecutionTraceObserver()
+    et.register_callback(str(trace_path))
+    # the observer prints where it compresses to: keep stdout for the command's own output
+    with contextlib.redirect_stdout(sys.stderr):
+        _profile_two_steps(step, target, et, activities, on_ready)
+    if not exported or not trace_path.exists():
+        raise RuntimeError("the profiler recorded no step")
+
+
+def _profile_two_steps(step, target, et, activities, on_ready) -> None:
+    from torch.profiler import profile, schedule
+
+    try:
+        with profile(
+            activities=activities,
+            execution_trace_observer=et,
+            record_shapes=True,
+            schedule=schedule(wait=0, warmup=1, active=1, repeat=1),
+            on_trace_ready=on_ready,
+        ) as prof:
+            for _ in range(2):
+                step()
+                target.synchronize()
+                prof.step()
+    finally:
+        et.unregister_callback()
+
+
+def _trace_counts(trace_path: Path) -> dict[str, Any]:
+    import gzip
+
+    opener = gzip.open if trace_path.suffix == ".gz" else open
+    with opener(trace_path, "rt", encoding="utf-8") as fh:
+        et = json.load(fh)
+    nodes = et.get("nodes", [])
+    return {
+        "schema": et.get("schema", ""),
+        "nodes": len(nodes),
+        "aten_ops": sum(1 for n in nodes if str(n.get("name", "")).startswith("aten::")),
+        "op_names": sorted({n["name"] for n in nodes if "::" in str(n.get("name", ""))}),
+    }
+
+
+def capture(
+    target_name: str,
+    out_dir: str | os.PathLike,
+    *,
+    config: str = "debug",
+    mode: str = "train",
+    device: str = "cpu",
+    dtype: str = "float32",
+    steps: int = 5,
+    warmup: int = 2,
+    seed: int = 0,
+    force: bool = False,
+) -> Path:
+    """Capture TARGET into ``out_dir`` (see the module docstring); returns the folder."""
+    import torch
+
+    if mode not in ("train", "infer"):
+        raise UsageError(f"unknown mode {mode!r}; expected train or infer")
+    if steps < 1 or warmup < 0:
+        raise UsageError("--steps must be at least 1 and --warmup at least 0")
+    check_output_dir(out_dir, force)
+    target = Target(check_device(device))
+    progress = Progress("capture")
+    progress.note(f"building {target_name} ({config}, {mode}) on {device}")
+    step, described = resolve_step(target_name, config=config, mode=mode, device=device, dtype=dtype, seed=seed)
+    progress.note(f"timing {steps} uninstrumented steps after {warmup} warm-up")
+    timing = time_step(step, target, warmup=warmup, iters=steps, progress=progress)
+    progress.note(f"step median {timing['median_ms']:.2f} ms; recording one step")
+    info = target.info()
+    ctx = RunContext(device=device, device_name=info.name, torch_version=torch.__version__)
+    with staged_output_dir(out_dir, force) as stage:
+        record_step(step, target, stage / TRACE_FILE, stage / KINETO_FILE)
+        counts = _trace_counts(stage / TRACE_FILE)
+        meta = {
+            **CAPTURE_FORMAT,
+            "target": target_name,
+            **described,
+            "device": device,
+            "device_name": info.name,
+            "dtype": dtype if described["kind"] == "workload" else None,
+            "seed": seed,
+            "torch_version": torch.__version__,
+            "python": platform.python_version(),
+            "host": socket.gethostname(),
+            "argv": sys.argv,
+            "created_at": utc_now(),
+            "threads": torch.get_num_threads(),
+            "step_time": timing,
+            "files": {"trace": TRACE_FILE, "kineto": KINETO_FILE},
+            "trace": {k: v for k, v in counts.items() if k != "op_names"},
+        }
+        atomic_write_text(stage / CAPTURE_FILE, json.dumps(meta, indent=2, default=str) + "\n")
+        res = Results(ctx, "capture")
+        subject = f"{target_name}/{config}/{mode}" if described["kind"] == "workload" else target_name
+        dt = meta["dtype"] or ""
+        res.add("uninstrumented_step_time", subject, "median_ms", timing["median_ms"], unit="ms", status="pass",
+                dtype=dt, detail=f"{steps} steps after {warmup} warm-up; IQR {timing['iqr_ms']:.3f} ms; seed {seed}")
+        ok = counts["aten_ops"] > 0
+        res.add("trace_recorded", subject, "aten_ops", counts["aten_ops"], status="pass" if ok else "fail",
+                dtype=dt, threshold=1,
+                detail=f"ET schema {counts['schema']}, {counts['nodes']} nodes" + ("" if ok else "; no aten op recorded"))
+        write_csv(res.frame(), stage / "results.csv")
+    progress.note(f"wrote {out_dir} ({counts['nodes']} ET nodes, {counts['aten_ops']} aten ops)")
+    return Path(out_dir)

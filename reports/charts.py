@@ -1,0 +1,205 @@
+"""Charts as inline SVG strings, drawn with matplotlib's Agg backend.
+
+Each function returns the markup of one ``<svg>`` element ready to be placed in an HTML5 page: no
+XML prolog, no namespace URLs, no metadata, text kept as text (``svg.fonttype='none'``) so no
+font is embedded or fetched, and element ids prefixed so several charts share one page.
+"""
+
+from __future__ import annotations
+
+import io
+import itertools
+import math
+import re
+from collections.abc import Sequence
+
+import matplotlib
+import numpy as np
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+STATUS_COLORS = {"pass": "#2e7d32", "fail": "#c62828", "skip": "#9e9e9e", "error": "#ef6c00"}
+PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf",
+           "#bcbd22", "#7f7f7f", "#aec7e8", "#ffbb78", "#98df8a")
+MAX_BARS = 40
+_counter = itertools.count(1)
+_RC = {
+    "svg.fonttype": "none",
+    "text.parse_math": False,
+    "font.size": 9,
+    "axes.spines.top": False,
+    "axes.spines.right": False,
+    "axes.grid": True,
+    "grid.alpha": 0.3,
+}
+
+
+def _short(label: str, width: int = 48) -> str:
+    return label if len(label) <= width else label[: width - 1] + "…"
+
+
+def _to_svg(fig: Figure, title: str) -> str:
+    n = next(_counter)
+    prefix = f"c{n}-"
+    buf = io.StringIO()
+    with matplotlib.rc_context({"svg.hashsalt": f"mystique-chart-{n}"}):
+        fig.savefig(buf, format="svg", bbox_inches="tight",
+                    metadata={"Creator": None, "Date": None, "Format": None, "Type": None})
+    svg = buf.getvalue()
+    svg = svg[svg.index("<svg"):]
+    svg = re.sub(r"<metadata>.*?</metadata>\s*", "", svg, flags=re.S)
+    svg = re.sub(r'\s+xmlns(:\w+)?="[^"]*"', "", svg)
+    svg = svg.replace("xlink:href=", "href=")
+    svg = re.sub(r'\bid="([^"]+)"', lambda m: f'id="{prefix}{m[1]}"', svg)
+    svg = re.sub(r'href="#([^"]+)"', lambda m: f'href="#{prefix}{m[1]}"', svg)
+    svg = re.sub(r"url\(#([^)]+)\)", lambda m: f"url(#{prefix}{m[1]})", svg)
+    title_xml = title.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace('"', "&quot;")
+    svg = svg.replace("<svg", f'<svg class="chart" role="img" aria-label="{title_xml}"', 1)
+    return svg.strip()
+
+
+def _figure(n_rows: int, width: float = 7.5, per_row: float = 0.26, base: float = 1.1):
+    """A figure on the Agg canvas (never pyplot: no global state) sized for ``n_rows`` bars."""
+    fig = Figure(figsize=(width, base + per_row * max(n_rows, 1)))
+    FigureCanvasAgg(fig)
+    return fig, fig.subplots()
+
+
+def _style(ax) -> None:
+    ax.spines["top"].set_visible(False)
+    ax.spines["right"].set_visible(False)
+    ax.grid(True, axis="x", alpha=0.3)
+    ax.set_axisbelow(True)
+
+
+def grouped_bars(labels: Sequence[str], series: dict[str, Sequence[float]], *, xlabel: str, title: str) -> str:
+    """Horizontal grouped bars: one group per label, one bar per series (NaN bars left out)."""
+    with matplotlib.rc_context(_RC):
+        fig, ax = _figure(len(labels) * max(len(series), 1) * 0.6 + 1)
+        y = np.arange(len(labels))
+        k = max(len(series), 1)
+        h = 0.8 / k
+        for i, (name, vals) in enumerate(series.items()):
+            vals = np.asarray(vals, dtype=float)
+            pos = y - 0.4 + h * (i + 0.5)
+            ok = np.isfinite(vals)
+            bars = ax.barh(pos[ok], vals[ok], height=h, label=name, color=PALETTE[i % len(PALETTE)])
+            ax.bar_label(bars, fmt="%.3g", padding=2, fontsize=7)
+        ax.set_yticks(y, [_short(s) for s in labels])
+        ax.invert_yaxis()
+        ax.set_xlabel(xlabel)
+        ax.set_title(title, loc="left")
+        ax.legend(loc="lower right", fontsize=8, frameon=False)
+        _style(ax)
+        return _to_svg(fig, title)
+
+
+def stacked_breakdown(bars: dict[str, dict[str, float]], *, xlabel: str, title: str, top: int = 10) -> str:
+    """Horizontal stacked bars, one per entry of ``bars`` (label -> {category: amount}).
+
+    The ``top`` categories by total amount keep their own colour; the rest are summed as "other".
+    """
+    totals: dict[str, float] = {}
+    for parts in bars.values():
+        for cat, v in parts.items():
+            if math.isfinite(v):
+                totals[cat] = totals.get(cat, 0.0) + v
+    cats = [c for c, _ in sorted(totals.items(), key=lambda kv: -kv[1])[:top]]
+    has_other = len(totals) > len(cats)
+    with matplotlib.rc_context(_RC):
+        fig, ax = _figure(len(bars) + 4, per_row=0.32)
+        labels = list(bars)
+        left = np.zeros(len(labels))
+        for i, cat in enumerate([*cats, *(["other"] if has_other else [])]):
+            vals = np.array([
+                sum(v for c, v in bars[lab].items() if c not in cats and math.isfinite(v)) if cat == "other"
+                else (bars[lab].get(cat, 0.0) if math.isfinite(bars[lab].get(cat, 0.0)) else 0.0)
+                for lab in labels
+            ])
+            color = "#c7c7c7" if cat == "other" else PALETTE[i % len(PALETTE)]
+            ax.barh(labels, vals, left=left, label=_short(cat, 32), color=color, height=0.6)
+            left += vals
+        ax.set_yticks(range(len(labels)), [_short(s) for s in labels])
+        ax.invert_yaxis()
+        ax.set_xlabel(xlabel)
+        ax.set_title(title, loc="left")
+        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.25 - 0.6 / max(len(labels), 1)), ncol=3,
+                  fontsize=7, frameon=False)
+        _style(ax)
+        return _to_svg(fig, title)
+
+
+def ratio_bars(labels: Sequence[str], ratios: Sequence[float], statuses: Sequence[str], *, title: str,
+               xlabel: str = "value / threshold") -> str:
+    """Horizontal bars of ratios on a log axis with the bound (1) marked; bars coloured by status."""
+    r = np.asarray(ratios, dtype=float)
+    positive = r[r > 0]
+    floor = positive.min() / 2 if len(positive) else 1e-3
+    shown = np.where(r > 0, r, floor)
+    with matplotlib.rc_context(_RC):
+        fig, ax = _figure(len(labels))
+        colors = [STATUS_COLORS.get(s, "#607d8b") for s in statuses]
+        ax.barh(range(len(labels)), shown, color=colors, height=0.65, left=0)
+        ax.set_xscale("log")
+        lo = min(floor, shown.min() if len(shown) else 1.0) / 1.5
+        hi = max(2.0, shown.max() * 1.5 if len(shown) else 2.0)
+        ax.set_xlim(lo, hi)
+        ax.axvline(1.0, color="#c62828", lw=1.2, ls="--")
+        ax.text(1.0, -0.9, " bound", color="#c62828", fontsize=7, va="bottom")
+        ax.set_yticks(range(len(labels)), [_short(s) for s in labels])
+        ax.set_ylim(len(labels) - 0.5, -1.2)
+        ax.set_xlabel(xlabel)
+        ax.set_title(title, loc="left")
+        _style(ax)
+        return _to_svg(fig, title)
+
+
+def interval_points(labels: Sequence[str], values: Sequence[float], lows: Sequence[float], highs: Sequence[float],
+                    groups: Sequence[str], *, title: str, xlabel: str, xlim: tuple[float, float] | None = (0, 1),
+                    targets: Sequence[float] | None = None) -> str:
+    """Points with asymmetric error bars (``lows``..``highs``), one row per label, coloured by group.
+
+    ``targets`` (NaN where none) are drawn as small vertical ticks.
+    """
+    v = np.asarray(values, dtype=float)
+    lo = np.asarray(lows, dtype=float)
+    hi = np.asarray(highs, dtype=float)
+    with matplotlib.rc_context(_RC):
+        fig, ax = _figure(len(labels))
+        y = np.arange(len(labels))
+        for i, g in enumerate(dict.fromkeys(groups)):
+            m = np.array([x == g for x in groups])
+            err = np.vstack([np.clip(v[m] - lo[m], 0, None), np.clip(hi[m] - v[m], 0, None)])
+            ax.errorbar(v[m], y[m], xerr=err, fmt="o", ms=4, capsize=3, color=PALETTE[i % len(PALETTE)],
+                        label=_short(g, 40))
+        if targets is not None:
+            t = np.asarray(targets, dtype=float)
+            ok = np.isfinite(t)
+            if ok.any():
+                ax.scatter(t[ok], y[ok], marker="|", s=120, color="#c62828", label="threshold", zorder=3)
+        ax.set_yticks(y, [_short(s) for s in labels])
+        ax.set_ylim(len(labels) - 0.5, -0.5)
+        if xlim:
+            ax.set_xlim(xlim[0] - 0.02, xlim[1] + 0.02)
+        ax.set_xlabel(xlabel)
+        ax.set_title(title, loc="left")
+        ax.legend(loc="lower left", fontsize=7, frameon=True, framealpha=0.85)
+        _style(ax)
+        return _to_svg(fig, title)
+
+
+def ranking_bars(labels: Sequence[str], values: Sequence[float], *, title: str, xlabel: str,
+                 statuses: Sequence[str] | None = None) -> str:
+    """Horizontal bars in the given order (largest first is the caller's choice), value labels at the end."""
+    vals = np.asarray(values, dtype=float)
+    with matplotlib.rc_context(_RC):
+        fig, ax = _figure(len(labels))
+        colors = [STATUS_COLORS.get(s, PALETTE[0]) for s in statuses] if statuses else PALETTE[0]
+        bars = ax.barh(range(len(labels)), np.nan_to_num(vals), color=colors, height=0.65)
+        ax.bar_label(bars, fmt="%.3g", padding=2, fontsize=7)
+        ax.set_yticks(range(len(labels)), [_short(s) for s in labels])
+        ax.invert_yaxis()
+        ax.set_xlabel(xlabel)
+        ax.set_title(title, loc="left")
+        _style(ax)
+        return _to_svg(fig, title)

@@ -1,0 +1,132 @@
+"""Pure table computations behind a report: counts, runs, comparisons, intervals. Never imports torch."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+
+from ..results import STATUSES
+
+KEY: tuple[str, ...] = ("suite", "check", "subject", "dtype", "metric")
+_Z95 = 1.959963984540054
+
+
+def wilson_interval(successes: float, trials: float, z: float = _Z95) -> tuple[float, float]:
+    """The Wilson score interval ``(low, high)`` of a binomial proportion ``successes / trials``.
+
+    ``z`` is the normal quantile (1.96 for 95 %). With no trials nothing is known: ``(0.0, 1.0)``.
+    The interval always lies in [0, 1] and contains ``successes / trials``.
+    """
+    if trials <= 0 or not math.isfinite(trials):
+        return (0.0, 1.0)
+    p = min(max(successes / trials, 0.0), 1.0)
+    z2 = z * z
+    denom = 1.0 + z2 / trials
+    centre = (p + z2 / (2 * trials)) / denom
+    half = z * math.sqrt(p * (1 - p) / trials + z2 / (4 * trials * trials)) / denom
+    return (max(0.0, min(p, centre - half)), min(1.0, max(p, centre + half)))
+
+
+def status_counts(df: pd.DataFrame, by: str = "suite") -> pd.DataFrame:
+    """Rows counted by status per value of ``by``.
+
+    Columns: ``by``, ``pass``, ``fail``, ``skip``, ``error``, ``total`` (ints), in order of first
+    appearance of ``by``.
+    """
+    order = list(dict.fromkeys(df[by]))
+    table = pd.crosstab(df[by], df["status"]) if len(df) else pd.DataFrame()
+    out = pd.DataFrame({by: order})
+    for s in STATUSES:
+        out[s] = [int(table.at[k, s]) if s in table.columns and k in table.index else 0 for k in order]
+    out["total"] = out[list(STATUSES)].sum(axis=1).astype(int)
+    return out
+
+
+def runs(df: pd.DataFrame) -> pd.DataFrame:
+    """One row per run, a run being the rows sharing ``(run_id, device)``, oldest first.
+
+    Columns: ``run``, ``run_id``, ``device``, ``device_name``, ``torch_version``, ``host``,
+    ``first`` and ``last`` (started_at range), ``suites`` (comma list), ``pass``, ``fail``,
+    ``skip``, ``error``, ``total``, and ``label`` (``device · date · run id``, unique).
+    """
+    cols = ["run", "run_id", "device", "device_name", "torch_version", "host", "first", "last", "suites",
+            *STATUSES, "total", "label"]
+    if not len(df):
+        return pd.DataFrame(columns=cols)
+    records = []
+    for (run_id, device), g in df.groupby(["run_id", "device"], sort=False):
+        rec = {
+            "run_id": run_id,
+            "device": device,
+            "device_name": ", ".join(x for x in dict.fromkeys(g["device_name"]) if x),
+            "torch_version": ", ".join(x for x in dict.fromkeys(g["torch_version"]) if x),
+            "host": ", ".join(x for x in dict.fromkeys(g["host"]) if x),
+            "first": min(g["started_at"]),
+            "last": max(g["started_at"]),
+            "suites": ", ".join(dict.fromkeys(g["suite"])),
+        }
+        for s in STATUSES:
+            rec[s] = int((g["status"] == s).sum())
+        rec["total"] = len(g)
+        records.append(rec)
+    out = pd.DataFrame(records).sort_values(["first", "run_id", "device"], kind="stable").reset_index(drop=True)
+    out.insert(0, "run", range(1, len(out) + 1))
+    labels = [f"{r.device or '?'} · {r.first[:10] or '?'} · {r.run_id[:8]}" for r in out.itertuples()]
+    seen: dict[str, int] = {}
+    for i, lab in enumerate(labels):
+        seen[lab] = seen.get(lab, 0) + 1
+        if seen[lab] > 1:
+            labels[i] = f"{lab} #{seen[lab]}"
+    out["label"] = labels
+    return out[cols]
+
+
+def with_run_labels(df: pd.DataFrame, run_table: pd.DataFrame) -> pd.Series:
+    """The run label of each row of ``df`` (a Series aligned with ``df``)."""
+    lookup = {(r.run_id, r.device): r.label for r in run_table.itertuples()}
+    return pd.Series([lookup.get((a, b), "") for a, b in zip(df["run_id"], df["device"])], index=df.index)
+
+
+def compare_runs(df: pd.DataFrame, run_table: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Join the rows of several runs on ``(suite, check, subject, dtype, metric)`` and compute deltas.
+
+    Repeated keys within one run are told apart by ``occurrence`` (0, 1, ...). Only keys present
+    in at least two runs are kept. The baseline of a key is its oldest run. Long format, one row
+    per (key, run), sorted with status changes first. Columns: ``suite``, ``check``, ``subject``,
+    ``dtype``, ``metric``, ``occurrence``, ``unit``, ``run`` (label), ``run_no`` (1 = oldest),
+    ``value``, ``status``, ``baseline_value``, ``baseline_status``, ``delta`` (value - baseline),
+    ``rel_delta`` (delta / abs(baseline), NaN when the baseline is 0 or unknown), ``is_baseline``,
+    ``status_changed``, ``worsened`` (pass/skip at baseline, fail/error here) and ``key_changed``
+    (some run of the key changed status).
+    """
+    cols = [*KEY, "occurrence", "unit", "run", "run_no", "value", "status", "baseline_value", "baseline_status",
+            "delta", "rel_delta", "is_baseline", "status_changed", "worsened", "key_changed"]
+    run_table = runs(df) if run_table is None else run_table
+    if len(run_table) < 2:
+        return pd.DataFrame(columns=cols)
+    work = df.copy()
+    work["run"] = with_run_labels(work, run_table)
+    order = {lab: i + 1 for i, lab in enumerate(run_table["label"])}
+    work["run_no"] = work["run"].map(order).astype(int)
+    work["occurrence"] = work.groupby([*KEY, "run"], sort=False).cumcount()
+    keys = [*KEY, "occurrence"]
+    nruns = work.groupby(keys, sort=False)["run_no"].transform("nunique")
+    work = work[nruns >= 2].sort_values([*keys, "run_no"], kind="stable")
+    if not len(work):
+        return pd.DataFrame(columns=cols)
+    first = work.groupby(keys, sort=False).head(1).set_index(keys)[["value", "status"]]
+    first.columns = ["baseline_value", "baseline_status"]
+    work = work.join(first, on=keys)
+    work["delta"] = work["value"] - work["baseline_value"]
+    base = work["baseline_value"].abs()
+    work["rel_delta"] = np.where((base > 0) & np.isfinite(base), work["delta"] / base.where(base > 0, 1.0), np.nan)
+    work["is_baseline"] = work.groupby(keys, sort=False).cumcount() == 0
+    work["status_changed"] = work["status"] != work["baseline_status"]
+    work["worsened"] = work["baseline_status"].isin(("pass", "skip")) & work["status"].isin(("fail", "error"))
+    work["key_changed"] = work.groupby(keys, sort=False)["status_changed"].transform("any")
+    key_worse = work.groupby(keys, sort=False)["worsened"].transform("any")
+    work = work.assign(_w=~key_worse, _c=~work["key_changed"])
+    work = work.sort_values(["_w", "_c", *keys, "run_no"], kind="stable")
+    return work[cols].reset_index(drop=True)

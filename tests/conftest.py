@@ -1,0 +1,25 @@
+"""Shared fixtures. `tests/` is on sys.path (pytest prepend import mode), so helper modules
+such as ``user_steps`` can be named as ``package.module:function`` capture targets."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_TRACES = REPO.parent / "shared" / "traces"
+
+
+@pytest.fixture
+def cli_run():
+    """Run the CLI in-process with click's CliRunner: returns (exit_code, stdout, stderr)."""
+    from click.testing import CliRunner
+
+    from mystique.cli import cli
+
+    def _run(*args: str):
+        result = CliRunner().invoke(cli, list(args), catch_exceptions=False)
+        return result.exit_code, result.stdout, result.stderr
+
+    return _run

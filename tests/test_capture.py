@@ -1,0 +1,128 @@
+"""Capture: built-in workloads and user step functions into trace dirs (DESIGN.md)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+
+import pytest
+
+from mystique import results
+from mystique.capture import capture
+
+
+def _et(path):
+    with gzip.open(path / "trace.json.gz", "rt") as fh:
+        return json.load(fh)
+
+
+def _op_names(et) -> set[str]:
+    return {n["name"] for n in et["nodes"]}
+
+
+def test_user_step_capture_writes_the_trace_dir(tmp_path):
+    out = capture("user_steps:tiny_mlp", tmp_path / "t", steps=3, warmup=1)
+    assert sorted(p.name for p in out.iterdir()) == ["capture.json", "kineto.json.gz", "results.csv", "trace.json.gz"]
+    meta = json.loads((out / "capture.json").read_text())
+    assert meta["kind"] == "user" and meta["target"] == "user_steps:tiny_mlp"
+    st = meta["step_time"]
+    assert st["iterations"] == 3 and st["warmup"] == 1 and st["median_ms"] > 0
+    assert st["min_ms"] <= st["median_ms"] <= st["max_ms"]
+    et = _et(out)
+    names = _op_names(et)
+    assert {"aten::addmm", "aten::gelu", "aten::gelu_backward", "aten::mm"} <= names
+    assert any(n.startswith("aten::_foreach_") for n in names), "AdamW(foreach) ops must be in the step"
+    steps = [n for n in et["nodes"] if n["name"].startswith("ProfilerStep#")]
+    assert len(steps) == 1, "exactly one recorded step"
+    # Kineto events link to ET nodes by record-function id
+    with gzip.open(out / "kineto.json.gz", "rt") as fh:
+        kin = json.load(fh)
+    kin_rf = {e["args"]["Record function id"] for e in kin["traceEvents"]
+              if e.get("cat") == "cpu_op" and "Record function id" in e.get("args", {})}
+    et_rf = {a["value"] for n in et["nodes"] for a in n.get("attrs", []) if a["name"] == "rf_id"}
+    assert len(kin_rf & et_rf) > 10
+    df = results.read_csv(out / "results.csv")
+    assert set(df["check"]) == {"uninstrumented_step_time", "trace_recorded"}
+    assert (df["status"] == "pass").all()
+
+
+def test_integral_tensor_ranges_are_recorded(tmp_path):
+    out = capture("user_steps:tiny_mlp", tmp_path / "t", steps=1, warmup=0)
+    et = _et(out)
+    ranges = [a["value"] for n in et["nodes"] for a in n.get("attrs", [])
+              if a["name"] == "tensor_range" and a["value"]]
+    assert ranges, "ENABLE_PYTORCH_EXECUTION_TRACE_SAVE_INTEGRAL_TENSOR_RANGE must be on"
+
+
+def test_transformers_model_captures_as_a_user_step(tmp_path):
+    pytest.importorskip("transformers")
+    out = capture("user_steps:hf_gpt2_train", tmp_path / "t", steps=2, warmup=1)
+    names = _op_names(_et(out))
+    assert "aten::embedding" in names and "aten::addmm" in names
+    assert any("softmax" in n or "scaled_dot_product" in n for n in names)
+
+
+@pytest.mark.parametrize("workload", ["llama", "dlrm", "bert"])
+@pytest.mark.parametrize("mode", ["train", "infer"])
+def test_builtin_workloads_capture_their_compute_ops(tmp_path, cli_run, workload, mode):
+    rc, out, err = cli_run("capture", workload, "-c", "debug", "--mode", mode, "-o", str(tmp_path / "t"),
+                           "--steps", "2", "--warmup", "1")
+    assert rc == 0, err
+    meta = json.loads((tmp_path / "t" / "capture.json").read_text())
+    assert meta["workload"] == workload and meta["mode"] == mode and meta["config"] == "debug"
+    assert meta["step_time"]["median_ms"] > 0
+    names = _op_names(_et(tmp_path / "t"))
+    expected = {
+        "llama": {"aten::scaled_dot_product_attention", "aten::mm"},
+        "dlrm": {"aten::embedding_bag", "aten::bmm", "aten::addmm"},
+        "bert": {"aten::native_layer_norm", "aten::gelu", "aten::addmm"},
+    }[workload]
+    assert expected <= names, expected - names
+    if workload == "llama":
+        assert {"aten::rsqrt", "aten::mean"} <= names or "aten::rms_norm" in names or "aten::_fused_rms_norm" in names
+    if mode == "train":
+        assert any(n.startswith("aten::_foreach_") or n in ("aten::add_", "aten::addcmul_") for n in names)
+        assert any("backward" in n.lower() for n in names)
+    else:
+        assert not any("backward" in n.lower() for n in names)
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["capture", "gpt5", "-o", "{out}"], "unknown capture target"),
+        (["capture", "llama", "-c", "huge", "-o", "{out}"], "huge"),
+        (["capture", "llama", "--mode", "eval", "-o", "{out}"], "eval"),
+        (["capture", "llama", "--device", "tpu9", "-o", "{out}"], "unknown device"),
+        (["capture", "no_such_pkg_xyz.mod:fn", "-o", "{out}"], "cannot import"),
+        (["capture", "user_steps:missing", "-o", "{out}"], "no callable"),
+        (["capture", "user_steps:not_a_step", "-o", "{out}"], "must return a callable"),
+        (["capture", "llama", "-o", "/proc/mystique-out"], "cannot write"),
+    ],
+)
+def test_bad_input_exits_2_with_one_line_and_writes_nothing(tmp_path, cli_run, args, message):
+    out = tmp_path / "out"
+    rc, stdout, stderr = cli_run(*[a.replace("{out}", str(out)) for a in args])
+    assert rc == 2
+    lines = [ln for ln in stderr.splitlines() if ln.startswith(("mystique: error", "Error", "Usage"))]
+    assert any(message in ln for ln in stderr.splitlines()), stderr
+    assert "Traceback" not in stderr
+    assert lines
+    assert not out.exists()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_too_large_config_exits_3_naming_memory(tmp_path, cli_run):
+    rc, _, stderr = cli_run("capture", "llama", "-c", "llama3-405b", "-o", str(tmp_path / "o"))
+    assert rc == 3
+    assert "mystique: error:" in stderr and "B" in stderr.split("error:")[1]
+    assert not (tmp_path / "o").exists()
+
+
+def test_existing_output_is_kept_without_force(tmp_path, cli_run):
+    out = tmp_path / "o"
+    out.mkdir()
+    (out / "trace.json.gz").write_text("user's own")
+    rc, _, stderr = cli_run("capture", "user_steps:tiny_mlp", "-o", str(out))
+    assert rc == 2 and "--force" in stderr
+    assert (out / "trace.json.gz").read_text() == "user's own"
