@@ -31,11 +31,31 @@ def register(spec: FaultSpec) -> FaultSpec:
     return spec
 
 
+def _typed(name: str, key: str, raw: str, default: Any) -> Any:
+    raw = raw.strip()
+    if isinstance(default, bool):
+        low = raw.lower()
+        if low in ("1", "true", "yes", "on"):
+            return True
+        if low in ("0", "false", "no", "off"):
+            return False
+        raise UsageError(f"--inject {name}: {key}={raw!r} is not a bool (true/false)")
+    if default is None or isinstance(default, str):
+        return raw
+    try:
+        return type(default)(raw)
+    except ValueError as exc:
+        raise UsageError(f"--inject {name}: {key}={raw!r} is not a {type(default).__name__}") from exc
+
+
 def parse_params(text: str, name: str) -> dict[str, Any]:
-    """Parse ``k=v,k=v`` against the defaults of fault ``name`` (values typed like the defaults)."""
+    """Parse ``k=v,k=v`` against the defaults of fault ``name`` (values typed like the defaults).
+
+    Raises UsageError for an unknown key, a missing ``=`` or a value of the wrong type.
+    """
     spec = FAULTS[name]
     params = dict(spec.params)
-    if not text:
+    if not text.strip():
         return params
     for item in text.split(","):
         key, sep, raw = item.partition("=")
@@ -43,18 +63,14 @@ def parse_params(text: str, name: str) -> dict[str, Any]:
         if not sep or key not in spec.params:
             known = ", ".join(spec.params) or "none"
             raise UsageError(f"--inject {name}: unknown parameter {item!r} (parameters: {known})")
-        default = spec.params[key]
-        try:
-            params[key] = type(default)(raw) if default is not None and not isinstance(default, bool) else (
-                raw.lower() in ("1", "true", "yes") if isinstance(default, bool) else raw
-            )
-        except ValueError as exc:
-            raise UsageError(f"--inject {name}: {key}={raw!r} is not a {type(default).__name__}") from exc
+        params[key] = _typed(name, key, raw, spec.params[key])
     return params
 
 
 def make_factory(name: str, params: dict[str, Any]) -> Callable[[], Any]:
+    """A factory of fresh modes of fault ``name``; builds one now so bad values fail early (UsageError)."""
     spec = FAULTS[name]
+    spec.build(**params)
     return lambda: spec.build(**params)
 
 

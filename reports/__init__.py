@@ -1,1 +1,25 @@
-"""CSV and HTML rendering of results tables. Never imports torch."""
+"""CSV and HTML rendering of results tables. Never imports torch.
+
+- :func:`render_report` reads results.csv files (or folders of them, with the ops.csv and
+  summary.json that replay runs leave beside them) and writes one self-contained report.html.
+- :func:`render_html` is the pure part: :class:`ReportInputs` in, the page's markup out.
+- :func:`load_inputs` reads and validates the files (through :func:`mystique.results.read_csv`).
+"""
+
+from .html import render_html, render_report
+from .inputs import ReplayArtifacts, ReportInputs, load_inputs, read_ops, read_summary
+from .tables import compare_runs, runs, status_counts, wilson_interval
+
+__all__ = [
+    "ReplayArtifacts",
+    "ReportInputs",
+    "compare_runs",
+    "load_inputs",
+    "read_ops",
+    "read_summary",
+    "render_html",
+    "render_report",
+    "runs",
+    "status_counts",
+    "wilson_interval",
+]

@@ -8,7 +8,6 @@ font is embedded or fetched, and element ids prefixed so several charts share on
 from __future__ import annotations
 
 import io
-import itertools
 import math
 import re
 from collections.abc import Sequence
@@ -17,12 +16,25 @@ import matplotlib
 import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter, NullFormatter
 
 STATUS_COLORS = {"pass": "#2e7d32", "fail": "#c62828", "skip": "#9e9e9e", "error": "#ef6c00"}
-PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf",
-           "#bcbd22", "#7f7f7f", "#aec7e8", "#ffbb78", "#98df8a")
+PALETTE = (
+    "#1f77b4",
+    "#ff7f0e",
+    "#2ca02c",
+    "#d62728",
+    "#9467bd",
+    "#8c564b",
+    "#e377c2",
+    "#17becf",
+    "#bcbd22",
+    "#7f7f7f",
+    "#aec7e8",
+    "#ffbb78",
+    "#98df8a",
+)
 MAX_BARS = 40
-_counter = itertools.count(1)
 _RC = {
     "svg.fonttype": "none",
     "text.parse_math": False,
@@ -38,15 +50,18 @@ def _short(label: str, width: int = 48) -> str:
     return label if len(label) <= width else label[: width - 1] + "…"
 
 
-def _to_svg(fig: Figure, title: str) -> str:
-    n = next(_counter)
-    prefix = f"c{n}-"
+def _to_svg(fig: Figure, title: str, uid: str) -> str:
+    prefix = f"{uid}-"
     buf = io.StringIO()
-    with matplotlib.rc_context({"svg.hashsalt": f"mystique-chart-{n}"}):
-        fig.savefig(buf, format="svg", bbox_inches="tight",
-                    metadata={"Creator": None, "Date": None, "Format": None, "Type": None})
+    with matplotlib.rc_context({"svg.hashsalt": f"mystique-{uid}"}):
+        fig.savefig(
+            buf,
+            format="svg",
+            bbox_inches="tight",
+            metadata={"Creator": None, "Date": None, "Format": None, "Type": None},
+        )
     svg = buf.getvalue()
-    svg = svg[svg.index("<svg"):]
+    svg = svg[svg.index("<svg") :]
     svg = re.sub(r"<metadata>.*?</metadata>\s*", "", svg, flags=re.S)
     svg = re.sub(r'\s+xmlns(:\w+)?="[^"]*"', "", svg)
     svg = svg.replace("xlink:href=", "href=")
@@ -72,7 +87,9 @@ def _style(ax) -> None:
     ax.set_axisbelow(True)
 
 
-def grouped_bars(labels: Sequence[str], series: dict[str, Sequence[float]], *, xlabel: str, title: str) -> str:
+def grouped_bars(
+    labels: Sequence[str], series: dict[str, Sequence[float]], *, xlabel: str, title: str, uid: str = "c0"
+) -> str:
     """Horizontal grouped bars: one group per label, one bar per series (NaN bars left out)."""
     with matplotlib.rc_context(_RC):
         fig, ax = _figure(len(labels) * max(len(series), 1) * 0.6 + 1)
@@ -89,12 +106,14 @@ def grouped_bars(labels: Sequence[str], series: dict[str, Sequence[float]], *, x
         ax.invert_yaxis()
         ax.set_xlabel(xlabel)
         ax.set_title(title, loc="left")
-        ax.legend(loc="lower right", fontsize=8, frameon=False)
+        ax.legend(loc="lower right", bbox_to_anchor=(1.0, 1.0), ncol=len(series), fontsize=8, frameon=False)
         _style(ax)
-        return _to_svg(fig, title)
+        return _to_svg(fig, title, uid)
 
 
-def stacked_breakdown(bars: dict[str, dict[str, float]], *, xlabel: str, title: str, top: int = 10) -> str:
+def stacked_breakdown(
+    bars: dict[str, dict[str, float]], *, xlabel: str, title: str, top: int = 10, uid: str = "c0"
+) -> str:
     """Horizontal stacked bars, one per entry of ``bars`` (label -> {category: amount}).
 
     The ``top`` categories by total amount keep their own colour; the rest are summed as "other".
@@ -111,11 +130,14 @@ def stacked_breakdown(bars: dict[str, dict[str, float]], *, xlabel: str, title: 
         labels = list(bars)
         left = np.zeros(len(labels))
         for i, cat in enumerate([*cats, *(["other"] if has_other else [])]):
-            vals = np.array([
-                sum(v for c, v in bars[lab].items() if c not in cats and math.isfinite(v)) if cat == "other"
-                else (bars[lab].get(cat, 0.0) if math.isfinite(bars[lab].get(cat, 0.0)) else 0.0)
-                for lab in labels
-            ])
+            vals = np.array(
+                [
+                    sum(v for c, v in bars[lab].items() if c not in cats and math.isfinite(v))
+                    if cat == "other"
+                    else (bars[lab].get(cat, 0.0) if math.isfinite(bars[lab].get(cat, 0.0)) else 0.0)
+                    for lab in labels
+                ]
+            )
             color = "#c7c7c7" if cat == "other" else PALETTE[i % len(PALETTE)]
             ax.barh(labels, vals, left=left, label=_short(cat, 32), color=color, height=0.6)
             left += vals
@@ -123,14 +145,20 @@ def stacked_breakdown(bars: dict[str, dict[str, float]], *, xlabel: str, title: 
         ax.invert_yaxis()
         ax.set_xlabel(xlabel)
         ax.set_title(title, loc="left")
-        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.25 - 0.6 / max(len(labels), 1)), ncol=3,
-                  fontsize=7, frameon=False)
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7, frameon=False)
         _style(ax)
-        return _to_svg(fig, title)
+        return _to_svg(fig, title, uid)
 
 
-def ratio_bars(labels: Sequence[str], ratios: Sequence[float], statuses: Sequence[str], *, title: str,
-               xlabel: str = "value / threshold") -> str:
+def ratio_bars(
+    labels: Sequence[str],
+    ratios: Sequence[float],
+    statuses: Sequence[str],
+    *,
+    title: str,
+    xlabel: str = "value / threshold",
+    uid: str = "c0",
+) -> str:
     """Horizontal bars of ratios on a log axis with the bound (1) marked; bars coloured by status."""
     r = np.asarray(ratios, dtype=float)
     positive = r[r > 0]
@@ -141,6 +169,8 @@ def ratio_bars(labels: Sequence[str], ratios: Sequence[float], statuses: Sequenc
         colors = [STATUS_COLORS.get(s, "#607d8b") for s in statuses]
         ax.barh(range(len(labels)), shown, color=colors, height=0.65, left=0)
         ax.set_xscale("log")
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))
+        ax.xaxis.set_minor_formatter(NullFormatter())
         lo = min(floor, shown.min() if len(shown) else 1.0) / 1.5
         hi = max(2.0, shown.max() * 1.5 if len(shown) else 2.0)
         ax.set_xlim(lo, hi)
@@ -151,12 +181,22 @@ def ratio_bars(labels: Sequence[str], ratios: Sequence[float], statuses: Sequenc
         ax.set_xlabel(xlabel)
         ax.set_title(title, loc="left")
         _style(ax)
-        return _to_svg(fig, title)
+        return _to_svg(fig, title, uid)
 
 
-def interval_points(labels: Sequence[str], values: Sequence[float], lows: Sequence[float], highs: Sequence[float],
-                    groups: Sequence[str], *, title: str, xlabel: str, xlim: tuple[float, float] | None = (0, 1),
-                    targets: Sequence[float] | None = None) -> str:
+def interval_points(
+    labels: Sequence[str],
+    values: Sequence[float],
+    lows: Sequence[float],
+    highs: Sequence[float],
+    groups: Sequence[str],
+    *,
+    title: str,
+    xlabel: str,
+    xlim: tuple[float, float] | None = (0, 1),
+    targets: Sequence[float] | None = None,
+    uid: str = "c0",
+) -> str:
     """Points with asymmetric error bars (``lows``..``highs``), one row per label, coloured by group.
 
     ``targets`` (NaN where none) are drawn as small vertical ticks.
@@ -170,8 +210,16 @@ def interval_points(labels: Sequence[str], values: Sequence[float], lows: Sequen
         for i, g in enumerate(dict.fromkeys(groups)):
             m = np.array([x == g for x in groups])
             err = np.vstack([np.clip(v[m] - lo[m], 0, None), np.clip(hi[m] - v[m], 0, None)])
-            ax.errorbar(v[m], y[m], xerr=err, fmt="o", ms=4, capsize=3, color=PALETTE[i % len(PALETTE)],
-                        label=_short(g, 40))
+            ax.errorbar(
+                v[m],
+                y[m],
+                xerr=err,
+                fmt="o",
+                ms=4,
+                capsize=3,
+                color=PALETTE[i % len(PALETTE)],
+                label=_short(g, 40),
+            )
         if targets is not None:
             t = np.asarray(targets, dtype=float)
             ok = np.isfinite(t)
@@ -183,13 +231,20 @@ def interval_points(labels: Sequence[str], values: Sequence[float], lows: Sequen
             ax.set_xlim(xlim[0] - 0.02, xlim[1] + 0.02)
         ax.set_xlabel(xlabel)
         ax.set_title(title, loc="left")
-        ax.legend(loc="lower left", fontsize=7, frameon=True, framealpha=0.85)
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7, frameon=False)
         _style(ax)
-        return _to_svg(fig, title)
+        return _to_svg(fig, title, uid)
 
 
-def ranking_bars(labels: Sequence[str], values: Sequence[float], *, title: str, xlabel: str,
-                 statuses: Sequence[str] | None = None) -> str:
+def ranking_bars(
+    labels: Sequence[str],
+    values: Sequence[float],
+    *,
+    title: str,
+    xlabel: str,
+    statuses: Sequence[str] | None = None,
+    uid: str = "c0",
+) -> str:
     """Horizontal bars in the given order (largest first is the caller's choice), value labels at the end."""
     vals = np.asarray(values, dtype=float)
     with matplotlib.rc_context(_RC):
@@ -202,4 +257,4 @@ def ranking_bars(labels: Sequence[str], values: Sequence[float], *, title: str, 
         ax.set_xlabel(xlabel)
         ax.set_title(title, loc="left")
         _style(ax)
-        return _to_svg(fig, title)
+        return _to_svg(fig, title, uid)

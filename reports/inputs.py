@@ -25,7 +25,13 @@ SUMMARY_NAME = "summary.json"
 
 #: Columns of the normalised per-operator table (:attr:`ReplayArtifacts.ops`).
 OPS_COLUMNS: tuple[str, ...] = (
-    "index", "name", "overload", "input_shapes", "input_dtypes", "original_ms", "replay_ms",
+    "index",
+    "name",
+    "overload",
+    "input_shapes",
+    "input_dtypes",
+    "original_ms",
+    "replay_ms",
 )
 _NAME_ALIASES = ("name", "op", "op_name", "operator")
 _INDEX_ALIASES = ("index", "idx", "op_index", "id")
@@ -35,7 +41,13 @@ _DTYPES_ALIASES = ("input_dtypes", "dtypes", "in_dtypes", "input_types")
 _TIME_COLUMN = re.compile(r"^(?P<kind>original|orig|replay)(?:_[a-z0-9]+)*_(?P<unit>ms|us|ns|s)$")
 _TO_MS = {"s": 1e3, "ms": 1.0, "us": 1e-3, "ns": 1e-6}
 _SUMMARY_NUMBERS = (
-    "ops_total", "ops_replayed", "coverage", "coverage_by_time", "original_step_ms", "replay_step_ms", "ratio",
+    "ops_total",
+    "ops_replayed",
+    "coverage",
+    "coverage_by_time",
+    "original_step_ms",
+    "replay_step_ms",
+    "ratio",
 )
 
 
@@ -80,7 +92,8 @@ def discover(paths: Sequence[str | os.PathLike]) -> list[Path]:
         p = Path(raw)
         if p.is_dir():
             hits = sorted(
-                h for h in p.rglob(RESULTS_NAME)
+                h
+                for h in p.rglob(RESULTS_NAME)
                 if h.is_file() and not any(part.startswith(".") for part in h.relative_to(p).parts[:-1])
             )
             if not hits:
@@ -116,7 +129,9 @@ def read_ops(path: Path) -> pd.DataFrame:
     try:
         raw = pd.read_csv(path, dtype=str, keep_default_na=False)
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
-        raise UsageError(f"{path} is not an ops table: {str(exc).splitlines()[0] if str(exc) else exc}") from exc
+        raise UsageError(
+            f"{path} is not an ops table: {str(exc).splitlines()[0] if str(exc) else exc}"
+        ) from exc
     cols = list(raw.columns)
     name = _pick(cols, _NAME_ALIASES)
     if name is None:
@@ -131,10 +146,15 @@ def read_ops(path: Path) -> pd.DataFrame:
         raise UsageError(f"{path}: ops table lacks a replay time column (replay_ms, replay_us, ...)")
     out = pd.DataFrame(index=raw.index)
     idx = _pick(cols, _INDEX_ALIASES)
-    out["index"] = pd.to_numeric(raw[idx], errors="coerce") if idx else pd.Series(range(len(raw)), dtype=float)
+    out["index"] = (
+        pd.to_numeric(raw[idx], errors="coerce") if idx else pd.Series(range(len(raw)), dtype=float)
+    )
     out["name"] = raw[name].astype(str)
-    for dest, aliases in (("overload", _OVERLOAD_ALIASES), ("input_shapes", _SHAPES_ALIASES),
-                          ("input_dtypes", _DTYPES_ALIASES)):
+    for dest, aliases in (
+        ("overload", _OVERLOAD_ALIASES),
+        ("input_shapes", _SHAPES_ALIASES),
+        ("input_dtypes", _DTYPES_ALIASES),
+    ):
         src = _pick(cols, aliases)
         out[dest] = raw[src].astype(str) if src else ""
     for kind in ("original", "replay"):

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pandas as pd
 
-from ..results import STATUSES
+from ..results import STATUSES, SUITES
 
 KEY: tuple[str, ...] = ("suite", "check", "subject", "dtype", "metric")
 _Z95 = 1.959963984540054
@@ -51,8 +51,20 @@ def runs(df: pd.DataFrame) -> pd.DataFrame:
     ``first`` and ``last`` (started_at range), ``suites`` (comma list), ``pass``, ``fail``,
     ``skip``, ``error``, ``total``, and ``label`` (``device · date · run id``, unique).
     """
-    cols = ["run", "run_id", "device", "device_name", "torch_version", "host", "first", "last", "suites",
-            *STATUSES, "total", "label"]
+    cols = [
+        "run",
+        "run_id",
+        "device",
+        "device_name",
+        "torch_version",
+        "host",
+        "first",
+        "last",
+        "suites",
+        *STATUSES,
+        "total",
+        "label",
+    ]
     if not len(df):
         return pd.DataFrame(columns=cols)
     records = []
@@ -71,7 +83,9 @@ def runs(df: pd.DataFrame) -> pd.DataFrame:
             rec[s] = int((g["status"] == s).sum())
         rec["total"] = len(g)
         records.append(rec)
-    out = pd.DataFrame(records).sort_values(["first", "run_id", "device"], kind="stable").reset_index(drop=True)
+    out = (
+        pd.DataFrame(records).sort_values(["first", "run_id", "device"], kind="stable").reset_index(drop=True)
+    )
     out.insert(0, "run", range(1, len(out) + 1))
     labels = [f"{r.device or '?'} · {r.first[:10] or '?'} · {r.run_id[:8]}" for r in out.itertuples()]
     seen: dict[str, int] = {}
@@ -94,15 +108,33 @@ def compare_runs(df: pd.DataFrame, run_table: pd.DataFrame | None = None) -> pd.
 
     Repeated keys within one run are told apart by ``occurrence`` (0, 1, ...). Only keys present
     in at least two runs are kept. The baseline of a key is its oldest run. Long format, one row
-    per (key, run), sorted with status changes first. Columns: ``suite``, ``check``, ``subject``,
-    ``dtype``, ``metric``, ``occurrence``, ``unit``, ``run`` (label), ``run_no`` (1 = oldest),
+    per (key, run), sorted: keys that got worse, then other status changes, then the rest, each in
+    suite order (``mystique.results.SUITES``) and order of first appearance.
+
+    Columns: ``suite``, ``check``, ``subject``, ``dtype``, ``metric``, ``occurrence``, ``unit``,
+    ``run`` (label), ``run_no`` (1 = oldest),
     ``value``, ``status``, ``baseline_value``, ``baseline_status``, ``delta`` (value - baseline),
     ``rel_delta`` (delta / abs(baseline), NaN when the baseline is 0 or unknown), ``is_baseline``,
     ``status_changed``, ``worsened`` (pass/skip at baseline, fail/error here) and ``key_changed``
     (some run of the key changed status).
     """
-    cols = [*KEY, "occurrence", "unit", "run", "run_no", "value", "status", "baseline_value", "baseline_status",
-            "delta", "rel_delta", "is_baseline", "status_changed", "worsened", "key_changed"]
+    cols = [
+        *KEY,
+        "occurrence",
+        "unit",
+        "run",
+        "run_no",
+        "value",
+        "status",
+        "baseline_value",
+        "baseline_status",
+        "delta",
+        "rel_delta",
+        "is_baseline",
+        "status_changed",
+        "worsened",
+        "key_changed",
+    ]
     run_table = runs(df) if run_table is None else run_table
     if len(run_table) < 2:
         return pd.DataFrame(columns=cols)
@@ -112,8 +144,11 @@ def compare_runs(df: pd.DataFrame, run_table: pd.DataFrame | None = None) -> pd.
     work["run_no"] = work["run"].map(order).astype(int)
     work["occurrence"] = work.groupby([*KEY, "run"], sort=False).cumcount()
     keys = [*KEY, "occurrence"]
+    suite_rank = {name: i for i, name in enumerate(SUITES)}
+    work["_s"] = work["suite"].map(lambda x: suite_rank.get(x, len(suite_rank)))
+    work["_pos"] = work.groupby(keys, sort=False).ngroup()
     nruns = work.groupby(keys, sort=False)["run_no"].transform("nunique")
-    work = work[nruns >= 2].sort_values([*keys, "run_no"], kind="stable")
+    work = work[nruns >= 2].sort_values(["_s", "_pos", "run_no"], kind="stable")
     if not len(work):
         return pd.DataFrame(columns=cols)
     first = work.groupby(keys, sort=False).head(1).set_index(keys)[["value", "status"]]
@@ -121,12 +156,14 @@ def compare_runs(df: pd.DataFrame, run_table: pd.DataFrame | None = None) -> pd.
     work = work.join(first, on=keys)
     work["delta"] = work["value"] - work["baseline_value"]
     base = work["baseline_value"].abs()
-    work["rel_delta"] = np.where((base > 0) & np.isfinite(base), work["delta"] / base.where(base > 0, 1.0), np.nan)
+    work["rel_delta"] = np.where(
+        (base > 0) & np.isfinite(base), work["delta"] / base.where(base > 0, 1.0), np.nan
+    )
     work["is_baseline"] = work.groupby(keys, sort=False).cumcount() == 0
     work["status_changed"] = work["status"] != work["baseline_status"]
     work["worsened"] = work["baseline_status"].isin(("pass", "skip")) & work["status"].isin(("fail", "error"))
     work["key_changed"] = work.groupby(keys, sort=False)["status_changed"].transform("any")
     key_worse = work.groupby(keys, sort=False)["worsened"].transform("any")
     work = work.assign(_w=~key_worse, _c=~work["key_changed"])
-    work = work.sort_values(["_w", "_c", *keys, "run_no"], kind="stable")
+    work = work.sort_values(["_w", "_c", "_s", "_pos", "run_no"], kind="stable")
     return work[cols].reset_index(drop=True)

@@ -1,18 +1,441 @@
 """pytest plugin for hardware qualification, inert until ``--mystique-device`` is given.
 
-Registered through the ``pytest11`` entry point. Importing it is cheap (no torch).
+Registered through the ``pytest11`` entry point. Importing it is cheap: no torch, no validator is
+imported until the plugin is enabled.
+
+When enabled (``pytest --mystique-device cuda [--mystique-inject SPEC] [--mystique-level full]``)
+the session gets one extra collector, ``mystique``, next to whatever the command line collects:
+
+    mystique                      QualificationCollector   (added to the session's collect report)
+      mystique::numerics          ValidatorCollector       (one per validator module)
+        mystique::numerics::gemm  CheckGroupItem           (one per group the validator lists)
+
+Each validator module ``mystique.validators.<name>`` exposes ``groups(level) -> list[str]`` and
+``run(target, *, level, seed, groups, out_dir) -> DataFrame`` (the results schema). An item runs
+one group; it fails when any row of its group has status ``fail`` or ``error``, and its failure
+message lists those rows (check, subject, value vs threshold, detail). A validator that is not
+installed or lacks the contract yields one skipped item. Items carry the validator's name as a
+marker (``-m numerics``) and ``slow`` when their group runs only at level ``full``; ``-k`` matches
+validator and group names. JUnit XML (``--junitxml``) works as for any test.
+
+The collector is added by a wrapper around ``pytest_make_collect_report`` for the session rather
+than by adding a file to the command line: a shipped test module would be imported by path, which
+in a source checkout imports ``validators`` as a second top-level package; a collector needs no
+import at all and its items go through pytest's ordinary collection, selection and reporting.
+
+At session end, when ``--mystique-report-dir DIR`` is given, ``DIR/results.csv`` holds every row
+and ``DIR/report.html`` the rendered report (when ``mystique.reports.render_report`` exists).
 """
 
 from __future__ import annotations
 
+import importlib
+import inspect
+import shutil
+import tempfile
+import traceback
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
-def pytest_addoption(parser) -> None:
+import pytest
+
+DEFAULT_VALIDATORS: tuple[str, ...] = ("numerics", "soft_errors", "correctness")
+MARKERS: dict[str, str] = {
+    "numerics": "qualification checks of the numerics validator (BF16/FP16 vs fp64 goldens)",
+    "soft_errors": "qualification checks of the soft-error (silent data corruption) validator",
+    "correctness": "qualification checks of the cross-device correctness validator",
+    "slow": "long campaigns and published-size checks; opt in with -m slow",
+}
+ROOT_NAME = "mystique"
+
+
+@dataclass
+class QualState:
+    """What one enabled session knows: its settings, the target, and the rows gathered so far."""
+
+    device: str
+    inject: str | None
+    level: str
+    seed: int
+    report_dir: Path | None
+    validators: list[str]
+    target: Any = None
+    context: Any = None
+    frames: list[Any] = field(default_factory=list)
+    artifacts_root: Path | None = None
+    report_html: Path | None = None
+    report_note: str = ""
+    written: bool = False
+
+
+STATE_KEY = pytest.StashKey[QualState]()
+
+
+class QualificationFailure(Exception):
+    """Raised by an item whose group has failing rows; its text is the failure message."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Options, configuration, header and summary
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("mystique", "Mystique Suite hardware qualification")
     group.addoption("--mystique-device", default=None, metavar="DEV",
-                    help="Qualify this torch device (enables the plugin).")
+                    help="Qualify this torch device (enables the plugin): cpu, cuda, cuda:1, xpu, mps, ...")
     group.addoption("--mystique-inject", default=None, metavar="SPEC",
-                    help="Dispatch mode active on the device under test (fault simulation or package.module:factory).")
+                    help="Dispatch mode active on the device under test: a built-in fault simulation "
+                         "NAME[:k=v,...] (`mystique faults`) or package.module:factory.")
     group.addoption("--mystique-level", default="quick", choices=("quick", "full"),
-                    help="quick: every boot; full: acceptance (default: quick).")
+                    help="quick: every boot (minutes); full: acceptance (default: quick).")
+    group.addoption("--mystique-seed", default=0, type=int, metavar="N",
+                    help="Seed of every random choice of the checks (default: 0).")
     group.addoption("--mystique-report-dir", default=None, metavar="DIR",
-                    help="Where results.csv and report.html are written.")
+                    help="Write DIR/results.csv and DIR/report.html at the end of the session.")
+    group.addoption("--mystique-validators", default=None, metavar="NAMES",
+                    help="Comma-separated validators to run: short names of mystique.validators.* or "
+                         "dotted module paths (default: ini mystique_validators, else "
+                         + ",".join(DEFAULT_VALIDATORS) + ").")
+    parser.addini("mystique_validators", type="args", default=list(DEFAULT_VALIDATORS),
+                  help="Validators the mystique plugin runs (short names or dotted module paths).")
+
+
+def enabled(config: pytest.Config) -> bool:
+    """True when this session qualifies a device (``--mystique-device`` was given)."""
+    return STATE_KEY in config.stash
+
+
+def _validator_names(config: pytest.Config) -> list[str]:
+    raw = config.getoption("mystique_validators")
+    names = [n.strip() for n in raw.split(",")] if raw else list(config.getini("mystique_validators"))
+    names = [n for n in names if n]
+    if not names:
+        raise pytest.UsageError("--mystique-validators: no validator named")
+    return names
+
+
+def marker_name(validator: str) -> str:
+    """The marker of a validator: its last dotted component (``pkg.checks.numerics`` -> ``numerics``)."""
+    return validator.rsplit(".", 1)[-1]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    for name, text in MARKERS.items():
+        config.addinivalue_line("markers", f"{name}: {text}")
+    device = config.getoption("mystique_device")
+    if device is None:
+        return
+    validators = _validator_names(config)
+    for name in validators:
+        if marker_name(name) not in MARKERS:
+            config.addinivalue_line("markers", f"{marker_name(name)}: qualification checks of validator {name}")
+    report_dir = config.getoption("mystique_report_dir")
+    state = QualState(
+        device=device, inject=config.getoption("mystique_inject"), level=config.getoption("mystique_level"),
+        seed=config.getoption("mystique_seed"), report_dir=Path(report_dir) if report_dir else None,
+        validators=validators,
+    )
+    from mystique.errors import EnvironmentUnsupported, UsageError
+    from mystique.results import RunContext
+    from mystique.targets import make_target
+
+    try:
+        state.target = make_target(device, state.inject)
+    except UsageError as exc:
+        raise pytest.UsageError(f"mystique: {exc}") from exc
+    except EnvironmentUnsupported as exc:
+        pytest.exit(f"mystique: {exc}", returncode=3)
+    if state.report_dir is not None:
+        if state.report_dir.exists() and not state.report_dir.is_dir():
+            raise pytest.UsageError(f"mystique: --mystique-report-dir {state.report_dir} is not a folder")
+        state.artifacts_root = state.report_dir
+    state.context = RunContext.for_target(state.target)
+    config.stash[STATE_KEY] = state
+
+
+def pytest_report_header(config: pytest.Config) -> list[str] | None:
+    if not enabled(config):
+        return None
+    state = config.stash[STATE_KEY]
+    info = state.target.info()
+    lines = [
+        f"mystique: device {state.target.label} ({info.name}; {info.capability}), torch {state.context.torch_version}",
+        f"mystique: level {state.level}, seed {state.seed}, validators {', '.join(state.validators)}",
+    ]
+    if state.report_dir is not None:
+        lines.append(f"mystique: report dir {state.report_dir}")
+    return lines
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_make_collect_report(collector: pytest.Collector) -> Iterator[None]:
+    report = yield
+    if isinstance(collector, pytest.Session) and enabled(collector.config) and report.passed:
+        report.result.append(QualificationCollector.from_parent(collector, name=ROOT_NAME, nodeid=ROOT_NAME))
+    return report
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if not enabled(session.config):
+        return
+    state = session.config.stash[STATE_KEY]
+    if state.report_dir is None:
+        if state.artifacts_root is not None:
+            shutil.rmtree(state.artifacts_root, ignore_errors=True)
+        return
+    write_outputs(state)
+
+
+def write_outputs(state: QualState) -> None:
+    """Write ``results.csv`` (every row) and, where the reports package can, ``report.html``."""
+    from mystique import results
+
+    state.report_dir.mkdir(parents=True, exist_ok=True)
+    csv_path = state.report_dir / "results.csv"
+    results.write_csv(collected_rows(state), csv_path)
+    state.written = True
+    try:
+        reports = importlib.import_module("mystique.reports")
+    except ImportError:
+        reports = None
+    render = getattr(reports, "render_report", None)
+    if render is None:
+        state.report_note = "report.html not written: mystique.reports.render_report is not available"
+        return
+    html = state.report_dir / "report.html"
+    accepts_force = "force" in inspect.signature(render).parameters
+    try:
+        render([csv_path], html, **({"force": True} if accepts_force else {}))
+    except Exception as exc:  # the rows are safe in results.csv; a broken renderer must not hide them
+        state.report_note = f"report.html not written: {type(exc).__name__}: {exc}"
+        return
+    state.report_html = html
+
+
+def collected_rows(state: QualState) -> Any:
+    """Every row of this session as one results table, stamped with the session's run id."""
+    from mystique import results
+
+    df = results.concat(state.frames)
+    if len(df):
+        df["run_id"] = state.context.run_id
+    return df
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    if not enabled(config):
+        return
+    state = config.stash[STATE_KEY]
+    df = collected_rows(state)
+    counts = df["status"].value_counts().to_dict() if len(df) else {}
+    parts = ", ".join(f"{counts[s]} {s}" for s in ("pass", "fail", "error", "skip") if counts.get(s))
+    terminalreporter.section("mystique qualification")
+    terminalreporter.write_line(f"{state.target.label}: {len(df)} checks" + (f" ({parts})" if parts else ""))
+    if state.written:
+        terminalreporter.write_line(f"results: {state.report_dir / 'results.csv'}")
+    if state.report_html is not None:
+        terminalreporter.write_line(f"report:  {state.report_html}")
+    if state.report_note:
+        terminalreporter.write_line(state.report_note)
+
+
+# ---------------------------------------------------------------------------------------------
+# Collection
+
+
+def load_validator(name: str) -> tuple[Any | None, str]:
+    """Import validator ``name``; returns ``(module, "")`` or ``(None, why it is unavailable)``.
+
+    A module that does not exist, or that lacks callables ``groups`` and ``run``, is unavailable.
+    Any other import error propagates (a broken validator must fail, not skip).
+    """
+    module_name = name if "." in name else f"mystique.validators.{name}"
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name and (module_name == exc.name or module_name.startswith(exc.name + ".")):
+            return None, f"validator {name} is not installed ({module_name} not found)"
+        raise
+    missing = [attr for attr in ("groups", "run") if not callable(getattr(module, attr, None))]
+    if missing:
+        return None, f"validator {name} lacks the contract ({module_name} has no {' or '.join(missing)}())"
+    return module, ""
+
+
+class QualificationCollector(pytest.Collector):
+    """The ``mystique`` node: one child per configured validator."""
+
+    def collect(self) -> list[pytest.Collector]:
+        state = self.config.stash[STATE_KEY]
+        return [ValidatorCollector.from_parent(self, name=marker_name(v), validator=v) for v in state.validators]
+
+    def reportinfo(self) -> tuple[Path, int | None, str]:
+        return self.path, 0, self.name
+
+
+class ValidatorCollector(pytest.Collector):
+    """One validator: one item per group at the session's level, or one skipped item."""
+
+    def __init__(self, *, validator: str, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.validator = validator
+        self.add_marker(marker_name(validator))
+
+    def collect(self) -> list[pytest.Item]:
+        state = self.config.stash[STATE_KEY]
+        try:
+            module, why = load_validator(self.validator)
+        except Exception as exc:  # a validator that fails to import is a failed check, not a skip
+            return [BrokenValidatorItem.from_parent(self, name="import", error=exc)]
+        if module is None:
+            return [UnavailableValidatorItem.from_parent(self, name="unavailable", reason=why)]
+        source = Path(getattr(module, "__file__", None) or self.path)
+        groups = [str(g) for g in module.groups(state.level)]
+        quick = set(map(str, module.groups("quick"))) if state.level != "quick" else set(groups)
+        items = []
+        for group in groups:
+            item = CheckGroupItem.from_parent(self, name=group, path=source, module=module, group=group)
+            if group not in quick:
+                item.add_marker("slow")
+            items.append(item)
+        return items
+
+    def reportinfo(self) -> tuple[Path, int | None, str]:
+        return self.path, 0, f"{ROOT_NAME}::{self.name}"
+
+
+class UnavailableValidatorItem(pytest.Item):
+    """Stands for a validator that is not installed or lacks the contract: always skipped."""
+
+    def __init__(self, *, reason: str, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.reason = reason
+        self.add_marker(pytest.mark.skip(reason=reason))  # reported at the item, not inside the plugin
+
+    def runtest(self) -> None:
+        pytest.skip(self.reason)
+
+    def reportinfo(self) -> tuple[Path, int | None, str]:
+        return self.path, 0, self.nodeid
+
+
+class BrokenValidatorItem(pytest.Item):
+    """Stands for a validator whose import raised: always fails with the import error."""
+
+    def __init__(self, *, error: BaseException, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.error = error
+
+    def runtest(self) -> None:
+        raise QualificationFailure(
+            f"validator {self.parent.validator} failed to import: {type(self.error).__name__}: {self.error}\n"
+            + "".join(traceback.format_exception(type(self.error), self.error, self.error.__traceback__))
+        )
+
+    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> Any:
+        if isinstance(excinfo.value, QualificationFailure):
+            return str(excinfo.value)
+        return super().repr_failure(excinfo, style=style)
+
+    def reportinfo(self) -> tuple[Path, int | None, str]:
+        return self.path, 0, self.nodeid
+
+
+def format_failure(validator: str, group: str, df: Any, seed: int, target_label: str) -> str:
+    """The failure message of a group: a header line, then one line per failing row.
+
+    Each row line reads ``status check [subject, dtype]: metric = value unit vs threshold -- detail``.
+    """
+    bad = df[df["status"].isin(("fail", "error"))]
+    lines = [f"{len(bad)} of {len(df)} checks of {validator}::{group} failed on {target_label} (seed {seed}):"]
+    for _, row in bad.iterrows():
+        where = ", ".join(x for x in (row["subject"], row["dtype"]) if x)
+        value = "" if row["value"] != row["value"] else f"{row['value']:.6g}"
+        bound = "" if row["threshold"] != row["threshold"] else f" vs threshold {row['threshold']:.6g}"
+        unit = f" {row['unit']}" if row["unit"] else ""
+        detail = f" -- {row['detail']}" if row["detail"] else ""
+        lines.append(f"  {row['status']} {row['check']} [{where}]: {row['metric']} = {value}{unit}{bound}{detail}")
+    return "\n".join(lines)
+
+
+class CheckGroupItem(pytest.Item):
+    """One group of one validator, run on the session's target."""
+
+    def __init__(self, *, module: Any, group: str, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.module = module
+        self.group = group
+
+    @property
+    def validator(self) -> str:
+        return self.parent.validator
+
+    def _out_dir(self, state: QualState) -> Path:
+        if state.artifacts_root is None:
+            state.artifacts_root = Path(tempfile.mkdtemp(prefix="mystique-qualify-"))
+        path = state.artifacts_root / marker_name(self.validator) / self.group
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    def runtest(self) -> None:
+        from mystique import results
+
+        state = self.config.stash[STATE_KEY]
+        out_dir = self._out_dir(state)
+        try:
+            df = self.module.run(state.target, level=state.level, seed=state.seed, groups=[self.group],
+                                 out_dir=out_dir)
+        except Exception as exc:
+            self._record_error(state, exc)
+            raise
+        finally:
+            _remove_empty_dirs(out_dir, stop=state.artifacts_root)
+        try:
+            df = results.validate(df)
+        except ValueError as exc:
+            self._record_error(state, exc)
+            raise QualificationFailure(
+                f"{self.validator}::{self.group} returned a table outside the results schema: {exc}") from exc
+        state.frames.append(df)
+        n_bad = int(df["status"].isin(("fail", "error")).sum())
+        self.user_properties += [("device", state.target.label), ("seed", state.seed),
+                                 ("checks", len(df)), ("failed", n_bad)]
+        if len(df) == 0:
+            raise QualificationFailure(f"{self.validator}::{self.group} produced no results on {state.target.label}")
+        if n_bad:
+            raise QualificationFailure(format_failure(self.validator, self.group, df, state.seed, state.target.label))
+        if (df["status"] == "skip").all():
+            reasons = sorted({d for d in df["detail"] if d}) or ["every check skipped"]
+            pytest.skip("; ".join(reasons)[:500])
+
+    def _record_error(self, state: QualState, exc: BaseException) -> None:
+        """Keep a crash of the validator in results.csv as an ``error`` row (when its suite is known)."""
+        from mystique.results import SUITES, Results
+
+        suite = marker_name(self.validator)
+        if suite not in SUITES:
+            return
+        rows = Results(state.context, suite)
+        rows.add("validator_error", self.group, "exception", None, status="error",
+                 detail=f"{type(exc).__name__}: {exc} (seed {state.seed})")
+        state.frames.append(rows.frame())
+
+    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> Any:
+        if isinstance(excinfo.value, QualificationFailure):
+            return str(excinfo.value)
+        return super().repr_failure(excinfo, style=style)
+
+    def reportinfo(self) -> tuple[Path, int | None, str]:
+        return self.path, 0, self.nodeid
+
+
+def _remove_empty_dirs(path: Path, stop: Path | None) -> None:
+    """Remove ``path`` and its empty parents up to (not including) ``stop`` when they hold nothing."""
+    while stop is not None and path != stop and stop in path.parents:
+        try:
+            path.rmdir()
+        except OSError:
+            return
+        path = path.parent

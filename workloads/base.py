@@ -49,6 +49,8 @@ class Workload(Protocol):
 
     def memory_bytes(self, cfg: Any, *, mode: str, dtype: torch.dtype, batch_size: int | None = None) -> int: ...
 
+    def param_count(self, cfg: Any) -> int: ...
+
 
 @dataclass
 class Step:
@@ -121,6 +123,11 @@ def materialize(model: torch.nn.Module, *, device: torch.device, dtype: torch.dt
     exists twice (no fp32 copy on the host before a cast and a move)."""
     model.to(dtype=dtype)  # on meta: metadata only (floating parameters and buffers)
     return model.to_empty(device=device)
+
+
+def upcast(t: torch.Tensor) -> torch.Tensor:
+    """``t`` in at least float32 precision: half types go to float32, float32 and float64 stay."""
+    return t.to(torch.promote_types(t.dtype, torch.float32))
 
 
 @torch.no_grad()

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .base import cpu_generator, dtype_size, fill_, materialize
+from .base import cpu_generator, dtype_size, fill_, materialize, upcast
 
 NAME = "bert"
 DESCRIPTION = "BERT encoder (post-LN, erf GELU, learned positions, token types) with tied MLM head; AdamW"
@@ -228,9 +228,10 @@ def forward(model: nn.Module, batch: dict[str, Tensor]) -> Tensor:
 
 
 def loss(model: nn.Module, batch: dict[str, Tensor]) -> Tensor:
-    """Mean cross entropy over the masked positions only (labels -100 are ignored; 0-d, float32)."""
+    """Mean cross entropy over the masked positions only (labels -100 are ignored; 0-d, float32;
+    float64 for a float64 model)."""
     logits = forward(model, batch)
-    return F.cross_entropy(logits.flatten(0, 1).float(), batch["labels"].flatten(), ignore_index=-100)
+    return F.cross_entropy(upcast(logits.flatten(0, 1)), batch["labels"].flatten(), ignore_index=-100)
 
 
 def make_optimizer(model: nn.Module) -> torch.optim.Optimizer:

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .base import cpu_generator, dtype_size, fill_, materialize
+from .base import cpu_generator, dtype_size, fill_, materialize, upcast
 
 NAME = "dlrm"
 DESCRIPTION = "DLRM (bottom MLP, EmbeddingBag sum tables, dot interaction, top MLP); BCE loss, SGD"
@@ -81,7 +81,7 @@ CONFIGS: dict[str, DLRMConfig] = {
                         bottom_mlp=(32, 8), top_mlp=(32, 1), pooling=3, batch_size=16),
     "small": DLRMConfig(num_dense=13, table_sizes=(200_000, 100_000, 50_000, 20_000, 10_000, 5_000, 1_000, 100),
                         embedding_dim=64, bottom_mlp=(512, 256, 64), top_mlp=(512, 256, 1), pooling=8,
-                        batch_size=1024),
+                        batch_size=2048),
     "criteo-kaggle": DLRMConfig(sparse_grads=True),  # the reference: one-hot bags, sparse table gradients
 }
 
@@ -218,9 +218,10 @@ def forward(model: nn.Module, batch: dict[str, Tensor]) -> Tensor:
 
 
 def loss(model: nn.Module, batch: dict[str, Tensor]) -> Tensor:
-    """Mean binary cross entropy of the predicted probabilities (0-d, float32)."""
-    p = forward(model, batch)
-    return F.binary_cross_entropy(p.float(), batch["labels"].float())
+    """Mean binary cross entropy of the predicted probabilities (0-d, float32; float64 for a
+    float64 model)."""
+    p = upcast(forward(model, batch))
+    return F.binary_cross_entropy(p, batch["labels"].to(p.dtype))
 
 
 def make_optimizer(model: nn.Module) -> torch.optim.Optimizer:

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .base import cpu_generator, dtype_size, fill_, materialize
+from .base import cpu_generator, dtype_size, fill_, materialize, upcast
 
 NAME = "llama"
 DESCRIPTION = "Llama 3 decoder (RMSNorm, RoPE theta 500k, GQA via SDPA, SwiGLU); next-token loss, AdamW"
@@ -66,7 +66,7 @@ CONFIGS: dict[str, LlamaConfig] = {
     "debug": LlamaConfig(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=256, multiple_of=32,
                          ffn_dim_multiplier=None, max_seq_len=64, seq_len=16, batch_size=2),
     "small": LlamaConfig(dim=256, n_layers=4, n_heads=8, n_kv_heads=2, vocab_size=4096, multiple_of=64,
-                         ffn_dim_multiplier=None, max_seq_len=256, seq_len=128, batch_size=4),
+                         ffn_dim_multiplier=None, max_seq_len=256, seq_len=128, batch_size=8),
     "llama3-8b": LlamaConfig(dim=4096, n_layers=32, n_heads=32, n_kv_heads=8, multiple_of=1024,
                              ffn_dim_multiplier=1.3),
     "llama3-70b": LlamaConfig(dim=8192, n_layers=80, n_heads=64, n_kv_heads=8, multiple_of=4096,
@@ -80,11 +80,11 @@ CONFIGS: dict[str, LlamaConfig] = {
 # model
 
 
-def precompute_freqs_cis(seq_len: int, head_dim: int, theta: float) -> Tensor:
+def precompute_freqs_cis(seq_len: int, head_dim: int, theta: float, dtype: torch.dtype = torch.float32) -> Tensor:
     """The rotary table: (seq_len, head_dim // 2, 2) holding cos and sin of position * frequency,
-    in float32. Frequency k is ``theta ** (-2k / head_dim)``."""
-    freqs = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))  # (hd/2,)
-    t = torch.arange(seq_len, dtype=torch.float32)  # (S,)
+    in ``dtype``. Frequency k is ``theta ** (-2k / head_dim)``."""
+    freqs = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=dtype) / head_dim))  # (hd/2,)
+    t = torch.arange(seq_len, dtype=dtype)  # (S,)
     angles = torch.outer(t, freqs)  # (S, hd/2)
     return torch.stack([angles.cos(), angles.sin()], dim=-1)  # (S, hd/2, 2)
 
@@ -92,9 +92,9 @@ def precompute_freqs_cis(seq_len: int, head_dim: int, theta: float) -> Tensor:
 def apply_rotary_emb(x: Tensor, freqs_cis: Tensor) -> Tensor:
     """Rotate consecutive pairs (x[2k], x[2k+1]) of each head by the table's angles (Meta's layout).
 
-    x: (B, S, H, hd); freqs_cis: (S, hd/2, 2). Computed in float32, returned in x's dtype.
+    x: (B, S, H, hd); freqs_cis: (S, hd/2, 2). Computed in at least float32, returned in x's dtype.
     """
-    xp = x.float().reshape(*x.shape[:-1], -1, 2)  # (B, S, H, hd/2, 2)
+    xp = upcast(x).reshape(*x.shape[:-1], -1, 2)  # (B, S, H, hd/2, 2)
     fc = freqs_cis.view(1, xp.size(1), 1, xp.size(3), 2)  # (1, S, 1, hd/2, 2)
     out = torch.stack(
         [xp[..., 0] * fc[..., 0] - xp[..., 1] * fc[..., 1],
@@ -111,7 +111,7 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: Tensor) -> Tensor:
-        xf = x.float()
+        xf = upcast(x)  # statistics in at least float32
         normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
         return normed.type_as(x) * self.weight
 
@@ -196,7 +196,7 @@ class Transformer(nn.Module):
         """torchtitan's initialisation, drawn on the CPU from ``generator`` (device independent):
         embeddings N(0, 1); wq, wk, wv, w1 truncated N(0, 0.02); wo, w2, w3 truncated
         N(0, 0.02 / sqrt(2 (layer + 1))); output truncated N(0, dim^-0.5) at 3 std; norms 1.
-        The rotary table is recomputed in float32 on the model's device."""
+        The rotary table is recomputed in at least float32 on the model's device."""
 
         def trunc(p: Tensor, std: float, cutoff: float = 2.0) -> None:
             t = torch.empty(p.shape, dtype=torch.float32)
@@ -216,8 +216,10 @@ class Transformer(nn.Module):
             layer.ffn_norm.weight.fill_(1.0)
         self.norm.weight.fill_(1.0)
         trunc(self.output.weight, self.cfg.dim ** -0.5, cutoff=3.0)
-        self.freqs_cis = precompute_freqs_cis(self.cfg.max_seq_len, self.cfg.head_dim,
-                                              self.cfg.rope_theta).to(self.output.weight.device)
+        weight = self.output.weight
+        table = precompute_freqs_cis(self.cfg.max_seq_len, self.cfg.head_dim, self.cfg.rope_theta,
+                                     dtype=torch.promote_types(weight.dtype, torch.float32))
+        self.freqs_cis = table.to(weight.device)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -257,9 +259,9 @@ def forward(model: nn.Module, batch: dict[str, Tensor]) -> Tensor:
 
 
 def loss(model: nn.Module, batch: dict[str, Tensor]) -> Tensor:
-    """Mean next-token cross entropy (0-d, float32)."""
+    """Mean next-token cross entropy (0-d, float32; float64 for a float64 model)."""
     logits = forward(model, batch)
-    return F.cross_entropy(logits.flatten(0, 1).float(), batch["labels"].flatten())  # (B*S, V) vs (B*S,)
+    return F.cross_entropy(upcast(logits.flatten(0, 1)), batch["labels"].flatten())  # (B*S, V) vs (B*S,)
 
 
 def make_optimizer(model: nn.Module) -> torch.optim.Optimizer:

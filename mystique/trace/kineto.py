@@ -12,12 +12,15 @@ carry ``"correlation"`` (the CUDA/HIP runtime launch's correlation id) and usual
 id"`` (the external id of the CPU operator that was innermost at launch). A device event is
 attributed to the CPU operator with that external id; without one, through the runtime event
 (``cuda_runtime``/``cuda_driver``/``hip_runtime``) that has the same ``correlation`` and an
-``External id``. Events that link nowhere are left out. Older Kineto files without ``Record
-function id`` cannot be joined: the maps come back empty.
+``External id``; failing that, through the innermost CPU operator on the runtime event's
+thread whose time span contains the launch. Events that link nowhere are counted in
+``unlinked_device_events``. Older Kineto files without ``Record function id`` cannot be joined:
+the maps come back empty.
 """
 
 from __future__ import annotations
 
+import bisect
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -82,6 +85,8 @@ def parse_kineto_document(doc: Any, source: str = "<kineto>") -> KinetoTimes:
     names: dict[int, str] = {}
     rf_of_external: dict[int, int] = {}
     external_of_corr: dict[int, int] = {}
+    launch_of_corr: dict[int, tuple[Any, float]] = {}  # runtime events without an external id
+    spans: dict[Any, list[tuple[float, float, int]]] = {}  # (pid, tid) -> [(start, end, rf_id)]
     device_events: list[tuple[float, int | None, int | None]] = []
     for ev in events:
         if not isinstance(ev, dict) or ev.get("ph") != "X":
@@ -96,6 +101,9 @@ def parse_kineto_document(doc: Any, source: str = "<kineto>") -> KinetoTimes:
             if rf is None or dur is None:
                 continue
             cpu[rf] = cpu.get(rf, 0.0) + dur
+            ts = _num(ev.get("ts"))
+            if ts is not None:
+                spans.setdefault((ev.get("pid"), ev.get("tid")), []).append((ts, ts + dur, rf))
             if isinstance(ev.get("name"), str):
                 names.setdefault(rf, ev["name"])
             ext = _int(args.get("External id"))
@@ -106,8 +114,13 @@ def parse_kineto_document(doc: Any, source: str = "<kineto>") -> KinetoTimes:
             ext = _int(args.get("External id"))
             if corr is not None and ext is not None:
                 external_of_corr.setdefault(corr, ext)
+            elif corr is not None and _num(ev.get("ts")) is not None:
+                launch_of_corr.setdefault(corr, ((ev.get("pid"), ev.get("tid")), float(ev["ts"])))
         elif cat in DEVICE_CATEGORIES and dur is not None:
             device_events.append((dur, _int(args.get("External id")), _int(args.get("correlation"))))
+    for lst in spans.values():
+        lst.sort()
+    starts = {key: [s[0] for s in lst] for key, lst in spans.items()}
     device: dict[int, float] = {}
     unlinked = 0
     for dur, ext, corr in device_events:
@@ -115,11 +128,27 @@ def parse_kineto_document(doc: Any, source: str = "<kineto>") -> KinetoTimes:
         if rf is None and corr is not None:
             ext2 = external_of_corr.get(corr)
             rf = rf_of_external.get(ext2) if ext2 is not None else None
+            if rf is None and corr in launch_of_corr:
+                thread, ts = launch_of_corr[corr]
+                rf = _innermost(spans.get(thread, []), starts.get(thread, []), ts)
         if rf is None:
             unlinked += 1
             continue
         device[rf] = device.get(rf, 0.0) + dur
     return KinetoTimes(cpu_us=cpu, device_us=device, names=names, unlinked_device_events=unlinked)
+
+
+_MAX_BACKTRACK = 256
+
+
+def _innermost(spans: list[tuple[float, float, int]], starts: list[float], ts: float) -> int | None:
+    """Return the rf_id of the latest-starting span (sorted by start) that contains ``ts``."""
+    i = bisect.bisect_right(starts, ts)
+    for k in range(i - 1, max(-1, i - 1 - _MAX_BACKTRACK), -1):
+        start, end, rf = spans[k]
+        if start <= ts <= end:
+            return rf
+    return None
 
 
 def read_kineto(path: str | os.PathLike) -> KinetoTimes:

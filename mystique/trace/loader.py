@@ -28,14 +28,16 @@ Facts relied on (checked on the five reference traces and on traces torch 2.13 w
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import gc
 import gzip
 import json
 import os
 import re
 import tarfile
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -137,8 +139,22 @@ def load_trace(path: str | os.PathLike) -> Trace:
     p = resolve_trace_path(path)
     if p.suffix.lower() not in (".json", ".gz") and _is_tar(p):
         raise UsageError(f"{p}: is a tar archive; extract it first and pass the .json inside")
-    doc = read_json_document(p)
-    return parse_trace_document(doc, source=str(p))
+    with gc_paused():
+        doc = read_json_document(p)
+        return parse_trace_document(doc, source=str(p))
+
+
+@contextlib.contextmanager
+def gc_paused() -> Iterator[None]:
+    """Pause the cyclic garbage collector: building ~10^5 objects otherwise triggers collections
+    that rescan the whole decoded JSON (halves the load time of a 27k-node trace)."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
 
 
 def parse_trace_document(doc: Any, source: str = "<trace>") -> Trace:
@@ -199,7 +215,7 @@ def _link(nodes: dict[int, Node], ctx: _Ctx) -> int:
     if not roots:
         raise ctx.error("no root node (a node that names itself as its parent)")
     if len(roots) > 1:
-        names = ", ".join(f"{r} ({nodes[r].name})" for r in roots[:4])
+        names = ", ".join(f"{r} ({nodes[r].name})" for r in sorted(roots)[:4])
         raise ctx.error(f"{len(roots)} root nodes ({names}); expected one")
     for node in nodes.values():
         if len(node.children) > 1:
@@ -348,11 +364,15 @@ def _parse_chakra_node(raw: dict, ctx: _Ctx, index: int) -> Node:
     attrs_raw = raw.get("attrs", [])
     if not isinstance(attrs_raw, list):
         raise ctx.error(f"'attrs' is a {type(attrs_raw).__name__}, expected a list")
-    attrs: dict[str, Any] = {}
-    for i, a in enumerate(attrs_raw):
-        if not isinstance(a, dict) or not isinstance(a.get("name"), str) or "value" not in a:
-            raise ctx.error(f"attrs[{i}] is {a!r}, expected {{'name', 'type', 'value'}}")
-        attrs[a["name"]] = a["value"]
+    try:
+        attrs: dict[str, Any] = {a["name"]: a["value"] for a in attrs_raw}
+        ok = all(type(k) is str for k in attrs)
+    except (KeyError, TypeError):
+        ok = False
+    if not ok:
+        for i, a in enumerate(attrs_raw):
+            if not isinstance(a, dict) or not isinstance(a.get("name"), str) or "value" not in a:
+                raise ctx.error(f"attrs[{i}] is {a!r}, expected {{'name', 'type', 'value'}}")
     inputs = _chakra_args(raw.get("inputs"), "inputs", ctx)
     outputs = _chakra_args(raw.get("outputs"), "outputs", ctx)
     return _make_node(nid, name, parent, inputs, outputs, attrs, ctx)
@@ -414,10 +434,15 @@ def _short(v: Any) -> str:
     return s if len(s) <= 60 else s[:57] + "..."
 
 
+_INT_ONLY = {int}
+
+
 def _int_tuple(v: Any, what: str, where: str, ctx: _Ctx) -> tuple[int, ...]:
-    if not isinstance(v, list) or not all(isinstance(x, int) and not isinstance(x, bool) for x in v):
-        raise ctx.error(f"{where} has {what} {_short(v)}, expected a list of integers")
-    return tuple(v)
+    if type(v) is list:
+        t = tuple(v)
+        if not t or set(map(type, t)) == _INT_ONLY:  # bool is not int here: type(True) is bool
+            return t
+    raise ctx.error(f"{where} has {what} {_short(v)}, expected a list of integers")
 
 
 def _arg(value: Any, shape: Any, type_str: Any, stride: Any, has_strides: bool, where: str,
@@ -459,10 +484,11 @@ def _tensor(value: Any, shape: Any, stride: Any, has_strides: bool, dtype: str, 
         raise ctx.error(f"{where} is a tensor but its value is {_short(value)}, expected a list of 6 fields")
     if len(value) != 6:
         raise ctx.error(f"{where} is a tensor of {len(value)} fields, expected 6")
-    for k in range(5):
-        if not isinstance(value[k], int) or isinstance(value[k], bool):
-            field_name = ("tensor_id", "storage_id", "offset", "numel", "itemsize")[k]
-            raise ctx.error(f"{where} is a tensor whose {field_name} is {value[k]!r}, expected an integer")
+    if set(map(type, value[:5])) != _INT_ONLY:
+        for k in range(5):
+            if type(value[k]) is not int:
+                field_name = ("tensor_id", "storage_id", "offset", "numel", "itemsize")[k]
+                raise ctx.error(f"{where} is a tensor whose {field_name} is {value[k]!r}, expected an integer")
     device = value[5]
     if device is not None and not isinstance(device, str):
         raise ctx.error(f"{where} is a tensor whose device is {device!r}, expected a string")

@@ -6,7 +6,11 @@ analysis read only these. This module needs no torch.
 Tensor values in the ET are ``[tensor_id, storage_id, offset, numel, itemsize, device]``
 (offset in elements, from 1.0.2; 1.0.1 has the same tuple). ``dtype`` is the torch dtype name
 taken from the type string (``Tensor(float)`` -> ``float32``, ``Tensor(c10::BFloat16)`` ->
-``bfloat16``).
+``bfloat16``, ``Tensor(nullptr (uninitialized))`` -> ``undefined``; see :mod:`.types`).
+
+Ordering: node ids come from one counter taken when an operator starts, so id order is the
+execution (start) order across threads, and every child's id exceeds its parent's; the file
+itself lists nodes as they finish (children first). ``Node.children`` is in id order.
 """
 
 from __future__ import annotations
@@ -18,6 +22,8 @@ from typing import Any
 
 @dataclass(frozen=True)
 class TensorRef:
+    """A tensor argument: identity (tensor and storage ids), view (offset, shape, strides), type."""
+
     tensor_id: int
     storage_id: int
     offset: int  # storage offset, in elements
@@ -27,7 +33,8 @@ class TensorRef:
     shape: tuple[int, ...]
     strides: tuple[int, ...] | None  # None when the schema does not record strides
     dtype: str  # torch dtype name: "float32", "bfloat16", "int64", "bool", ...
-    value_range: tuple[float, float] | None = None  # (min, max) of integral tensors, when recorded
+    # (min, max) of an integral input tensor, when the trace records ``tensor_range``
+    value_range: tuple[float, float] | None = None
 
 
 @dataclass(frozen=True)
@@ -67,8 +74,8 @@ class Node:
 
     @property
     def is_label(self) -> bool:
-        """A label node that only groups other nodes (see :func:`is_label_name`)."""
-        return is_label_name(self.name) and not self.op_schema
+        """A label node that only groups other nodes: the opposite of :attr:`is_op`."""
+        return not self.is_op
 
     @property
     def is_op(self) -> bool:
@@ -88,6 +95,9 @@ class Node:
 
 @dataclass
 class Trace:
+    """A loaded execution trace: ``nodes`` by id, the root (the process node that names itself
+    as its parent), the header fields, and the file it came from."""
+
     schema: str  # the schema version string as recorded, e.g. "1.1.1-chakra.0.0.4"
     nodes: dict[int, Node]  # id -> node
     root_id: int

@@ -64,8 +64,8 @@ class Ctx:
 
     def bound(self, check: str, subject: str, metric: str, value: float, threshold: float, *,
               dtype: torch.dtype | None = None, unit: str = "", detail: str = "", repro: str = "") -> None:
-        """A row that passes when ``value <= threshold`` (NaN fails); failing rows carry ``repro``."""
-        ok = value == value and value <= threshold
+        """A row that passes when ``value <= threshold`` (NaN and inf fail); failing rows carry ``repro``."""
+        ok = math.isfinite(value) and value <= threshold
         why = "" if ok else f"{metric}={_fmt(value)} exceeds bound {_fmt(threshold)}; "
         self.res.add(check, subject, metric, value if not math.isinf(value) else math.inf, status="pass" if ok else "fail",
                      unit=unit, threshold=threshold, dtype=dtype_name(dtype) if dtype else "",

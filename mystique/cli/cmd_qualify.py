@@ -1,0 +1,37 @@
+"""`mystique qualify`: hardware qualification, run as an in-process pytest session."""
+
+from __future__ import annotations
+
+import click
+
+from . import cli, options
+
+
+@cli.command("qualify")
+@options.output_dir
+@options.device
+@options.inject
+@options.level
+@options.seed
+@click.option("--validators", default=None, metavar="NAMES",
+              help="Comma-separated validators to run (default: numerics,soft_errors,correctness).")
+@click.option("-k", "keyword", default=None, metavar="EXPR", help="Only the checks matching this pytest -k expression.")
+@options.force
+def qualify_cmd(output, device, inject, level, seed, validators, keyword, force) -> int:
+    """Qualify the device: every validator's checks as pytest items; writes OUT_DIR/results.csv,
+    report.html and junit.xml.
+
+    \b
+    Levels, in the spirit of `dcgmi diag -r`:
+      quick  every boot: minutes, the groups at small sizes
+      full   acceptance: every group at published sizes (adds slow groups)
+    Exit 0 when every check passed, 1 when any failed (the report names it).
+    """
+    from ..validators.qualify import qualify
+
+    names = [v.strip() for v in validators.split(",") if v.strip()] if validators else None
+    outcome = qualify(output, device=device, inject=inject, level=level, seed=seed, force=force,
+                      validators=names, keyword=keyword)
+    click.echo(f"mystique qualify: {outcome.checks} checks, {outcome.failed} failed; "
+               f"{', '.join(outcome.files)} in {output}")
+    return outcome.exit_code

@@ -1,0 +1,619 @@
+"""Build the replay plan (``benchmark.json``) of one iteration of an execution trace.
+
+The plan is self-contained JSON with no code (see :mod:`mystique.replay.executor` for how it
+runs): ``{"format": "mystique-benchmark", "version": 1, "metadata": {...}, "storages": [...],
+"tensors": [...], "inputs": [...], "ops": [...]}``.
+
+* ``ops``: the outermost operators of the iteration in execution order, each ``{"index",
+  "node_id", "rf_id", "name", "op" (resolved overload, ``aten::addmm.default``), "schema",
+  "action" ("call" | "noop" | "skip"), "reason", "args" [...], "kwargs" {...}, "outputs" [...],
+  "orig_us" (Kineto host time or null)}``.
+* ``tensors``: ``{"id", "storage", "offset", "shape", "strides", "dtype", "device", "source"}``
+  where ``source`` is ``external`` (materialised before the step), ``output`` (bound to an op's
+  result) or ``derived`` (a view of a storage an earlier op produced, e.g. made by a nested op).
+* ``storages``: ``{"id", "nbytes", "dtype", "device", "external", "anchor", "recipe",
+  "trace_storage_id"}``; ``recipe`` is the data recipe (``randn``, ``randint``, ``uniform_pos``,
+  ``bernoulli``, ``offsets``).
+
+Tensor and storage ids of the trace are reused by the observer once memory is freed, so the
+builder renames them: a trace tensor gets a new plan id each time an op produces it, and a new
+storage version starts whenever an op outputs a tensor whose storage is not one of its inputs'.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import UsageError
+from ..trace.model import Arg, Node, TensorRef, Trace
+from . import executor as ex
+
+_UNIFORM_POS_OPS = frozenset({
+    "aten::log", "aten::log_", "aten::log2", "aten::log10", "aten::sqrt", "aten::sqrt_", "aten::rsqrt",
+    "aten::rsqrt_", "aten::reciprocal", "aten::_foreach_sqrt", "aten::_foreach_sqrt_", "aten::_foreach_log",
+    "aten::_foreach_log_", "aten::_foreach_rsqrt", "aten::lgamma", "aten::digamma",
+})
+_POW_OPS = frozenset({"aten::pow", "aten::pow_", "aten::_foreach_pow", "aten::_foreach_pow_"})
+_EMBEDDING_BAG_OPS = frozenset({
+    "aten::embedding_bag", "aten::_embedding_bag", "aten::_embedding_bag_forward_only",
+})
+_DIM_INDEX_OPS = frozenset({
+    "aten::gather", "aten::scatter", "aten::scatter_", "aten::scatter_add", "aten::scatter_add_",
+    "aten::scatter_reduce", "aten::scatter_reduce_", "aten::index_select", "aten::index_add",
+    "aten::index_add_", "aten::index_copy", "aten::index_copy_", "aten::index_fill", "aten::index_fill_",
+    "aten::take_along_dim", "aten::index_reduce", "aten::index_reduce_",
+})
+_INDEX_LIST_OPS = frozenset({"aten::index", "aten::index_put", "aten::index_put_", "aten::_index_put_impl_",
+                             "aten::_unsafe_index", "aten::_unsafe_index_put"})
+_NLL_OPS = frozenset({"aten::nll_loss", "aten::nll_loss_nd", "aten::nll_loss_forward", "aten::nll_loss2d",
+                      "aten::nll_loss2d_forward", "aten::cross_entropy_loss"})
+_NLL_BACKWARD_OPS = frozenset({"aten::nll_loss_backward", "aten::nll_loss2d_backward"})
+_FLOAT_DTYPES = frozenset({"float32", "float16", "bfloat16", "float64"})
+
+
+@dataclass
+class Plan:
+    """A replay plan: the JSON document (``data``) with helpers to save and load it."""
+
+    data: dict[str, Any]
+
+    @property
+    def ops(self) -> list[dict[str, Any]]:
+        return self.data["ops"]
+
+    @property
+    def tensors(self) -> list[dict[str, Any]]:
+        return self.data["tensors"]
+
+    @property
+    def storages(self) -> list[dict[str, Any]]:
+        return self.data["storages"]
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        return self.data["metadata"]
+
+    def to_json(self, indent: int | None = None) -> str:
+        """The plan as JSON text (strict JSON: no NaN)."""
+        return json.dumps(self.data, indent=indent, allow_nan=False, separators=(",", ":") if indent is None else None)
+
+    def save(self, path: str | os.PathLike) -> Path:
+        from ..io import atomic_write_text
+
+        return atomic_write_text(path, self.to_json() + "\n")
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> Plan:
+        """Read a ``benchmark.json`` (UsageError when missing or not a plan)."""
+        p = Path(path)
+        if not p.exists():
+            raise UsageError(f"{p} does not exist")
+        try:
+            return cls(ex.load_plan(p))
+        except ex.ReplayError as exc:
+            raise UsageError(f"{p}: {exc}") from exc
+
+    def copy(self) -> Plan:
+        return Plan(json.loads(json.dumps(self.data)))
+
+
+# ----------------------------------------------------------------------------------------------
+# Classification and schemas
+# ----------------------------------------------------------------------------------------------
+
+
+def classify(node: Node) -> tuple[str, str]:
+    """``(action, reason)`` of an outermost node: ``call``, ``noop`` or ``skip``."""
+    name = node.name
+    if name in ex.COLLECTIVE_NAMES or name.startswith(ex.COLLECTIVE_PREFIXES):
+        return "skip", "collective"
+    if name in ex.NOOP_NAMES or name.startswith("profiler::") or name.startswith("[pytorch|profiler"):
+        return "noop", "profiler/stream bookkeeping"
+    if node.kernel_backend:
+        return "skip", f"compiled kernel ({node.kernel_backend})"
+    if "::" not in name and not node.op_schema:
+        return "skip", "not an operator"
+    return "call", ""
+
+
+def _value_kind(a: Arg) -> str:
+    if isinstance(a.value, TensorRef):
+        return "Tensor"
+    if isinstance(a.value, list):
+        return "list"
+    if a.value is None:
+        return "None"
+    if isinstance(a.value, bool):
+        return "bool"
+    if isinstance(a.value, int):
+        return "int"
+    if isinstance(a.value, float):
+        return "float"
+    return "str"
+
+
+def _type_accepts(stype: str, a: Arg) -> bool:
+    base = stype.replace("?", "")
+    k = _value_kind(a)
+    if k == "None":
+        return "?" in stype or base.startswith(("Generator", "Tensor"))
+    if base.startswith("Tensor") and "[" not in base:
+        return k == "Tensor"
+    if "[" in base:
+        return k in ("list", "int") if not base.startswith("Tensor") else k == "list"
+    if base in ("int", "SymInt"):
+        return k in ("int", "bool")
+    if base == "float":
+        return k in ("int", "float")
+    if base == "bool":
+        return k in ("bool", "int")
+    if base == "Scalar":
+        return k in ("int", "float", "bool")
+    if base in ("ScalarType", "Layout", "MemoryFormat"):
+        return k == "int"
+    if base == "Device":
+        return k in ("str", "int")
+    if base == "str":
+        return k == "str"
+    return True
+
+
+def match_schema(name: str, inputs: list[Arg]) -> str | None:
+    """The schema of the overload of ``name`` that accepts ``inputs`` (None when none does)."""
+    best = None
+    for text in ex.overload_schemas(name):
+        try:
+            sch = ex.parse_schema(text)
+        except ValueError:
+            continue
+        if len(inputs) > len(sch.args):
+            continue
+        if any(a.default is None and i >= len(inputs) for i, a in enumerate(sch.args)):
+            continue
+        if all(_type_accepts(sa.type, a) for sa, a in zip(sch.args, inputs)):
+            if best is None or (sch.overload != "out" and len(sch.args) < len(best[1].args)):
+                best = (text, sch)
+    return best[0] if best else None
+
+
+# ----------------------------------------------------------------------------------------------
+# The builder
+# ----------------------------------------------------------------------------------------------
+
+
+def _tensor_key(t: TensorRef) -> tuple:
+    return (t.tensor_id, t.storage_id, t.offset, t.numel, t.itemsize, t.device, tuple(t.shape),
+            tuple(t.strides) if t.strides is not None else None, t.dtype)
+
+
+def _strides(t: TensorRef) -> list[int]:
+    if t.strides is not None and len(t.strides) == len(t.shape):
+        return [int(s) for s in t.strides]
+    return ex.contiguous_strides(t.shape)
+
+
+class _Builder:
+    def __init__(self, trace: Trace):
+        self.trace = trace
+        self.tensors: list[dict[str, Any]] = []
+        self.storages: list[dict[str, Any]] = []
+        self.cur_tensor: dict[tuple, int] = {}
+        self.cur_storage: dict[int, int] = {}
+        self.ranges: dict[int, list[tuple[int, int]]] = {}  # plan storage -> [(low, high)]
+        self.trace_ranges: dict[int, tuple[int, int]] = {}
+        self.devices: Counter[str] = Counter()
+
+    # tensors and storages ------------------------------------------------------------------
+
+    def _new_storage(self, t: TensorRef, external: bool, anchor: int | None) -> int:
+        sid = len(self.storages)
+        self.storages.append({
+            "id": sid, "nbytes": 0, "dtype": t.dtype, "device": t.device, "external": external,
+            "anchor": anchor, "recipe": None, "trace_storage_id": t.storage_id,
+        })
+        self.cur_storage[t.storage_id] = sid
+        return sid
+
+    def _new_tensor(self, t: TensorRef, sid: int, source: str) -> int:
+        tid = len(self.tensors)
+        strides = _strides(t)
+        self.tensors.append({
+            "id": tid, "storage": sid, "offset": int(t.offset), "shape": [int(s) for s in t.shape],
+            "strides": strides, "dtype": t.dtype, "device": t.device, "source": source,
+            "trace_id": t.tensor_id,
+        })
+        nbytes = ex._extent(t.shape, strides, int(t.offset)) * int(t.itemsize or 1)
+        st = self.storages[sid]
+        st["nbytes"] = max(int(st["nbytes"]), int(nbytes))
+        if t.device:
+            self.devices[t.device] += 1
+        if t.value_range is not None and t.dtype not in _FLOAT_DTYPES and t.dtype != "bool":
+            lo, hi = t.value_range
+            if all(isinstance(v, (int, float)) and math.isfinite(v) for v in (lo, hi)):
+                self.trace_ranges[tid] = (int(lo), int(hi) + 1)
+        return tid
+
+    def input_tensor(self, t: TensorRef) -> int:
+        key = _tensor_key(t)
+        tid = self.cur_tensor.get(key)
+        if tid is not None:
+            return tid
+        sid = self.cur_storage.get(t.storage_id)
+        if sid is None:
+            sid = self._new_storage(t, external=True, anchor=None)
+            source = "external"
+        else:
+            source = "external" if self.storages[sid]["external"] else "derived"
+        tid = self._new_tensor(t, sid, source)
+        self.cur_tensor[key] = tid
+        return tid
+
+    def output_tensor(self, t: TensorRef, in_keys: dict[tuple, int], in_storages: set[int]) -> int:
+        key = _tensor_key(t)
+        if key in in_keys:
+            return in_keys[key]
+        if t.storage_id in in_storages and t.storage_id in self.cur_storage:
+            sid = self.cur_storage[t.storage_id]
+            tid = self._new_tensor(t, sid, "output")
+        else:
+            sid = self._new_storage(t, external=False, anchor=None)
+            tid = self._new_tensor(t, sid, "output")
+            self.storages[sid]["anchor"] = tid
+        self.cur_tensor[key] = tid
+        return tid
+
+    # arguments -----------------------------------------------------------------------------
+
+    def encode(self, a: Arg, stype: str | None, tensor_fn) -> Any:
+        v = a.value
+        if isinstance(v, TensorRef):
+            if v.dtype == "undefined":
+                return None
+            return {"t": tensor_fn(v)}
+        base = (stype or "").replace("?", "")
+        if isinstance(v, list):
+            elem = None
+            if stype and "[" in stype:
+                elem = stype[: stype.index("[")]
+            return [self.encode(e, elem, tensor_fn) for e in v]
+        if v is None:
+            return None if a.kind not in ("Generator", "Stream") else {"none": a.kind}
+        if a.kind in ("Generator", "Stream", "Storage"):
+            return {"none": a.kind}
+        if base.startswith("ScalarType") or a.kind == "ScalarType":
+            if isinstance(v, int) and not isinstance(v, bool) and 0 <= v < len(ex.SCALAR_TYPES):
+                return {"dtype": ex.SCALAR_TYPES[v]}
+            if isinstance(v, str):
+                return {"dtype": v.replace("torch.", "")}
+        if base.startswith("Layout") or a.kind == "Layout":
+            if isinstance(v, int) and 0 <= v < len(ex.LAYOUTS):
+                return {"layout": ex.LAYOUTS[v]}
+        if base.startswith("MemoryFormat") or a.kind == "MemoryFormat":
+            if isinstance(v, int) and 0 <= v < len(ex.MEMORY_FORMATS):
+                return {"memory_format": ex.MEMORY_FORMATS[v]}
+        if base.startswith("Device") or a.kind == "Device":
+            return {"device": str(v)}
+        if isinstance(v, float) and (math.isnan(v) or math.isinf(v)):
+            return {"float": repr(v)}
+        if base in ("int", "SymInt") and isinstance(v, float) and v.is_integer():
+            return int(v)
+        return v
+
+    def build_op(self, index: int, node: Node, kineto: dict[int, float] | None) -> dict[str, Any]:
+        action, reason = classify(node)
+        schema_text = node.op_schema
+        sch: ex.Schema | None = None
+        if action == "call":
+            if not schema_text:
+                schema_text = match_schema(node.name, node.inputs) or ""
+            if schema_text:
+                try:
+                    sch = ex.parse_schema(schema_text)
+                except ValueError:
+                    sch = None
+            if sch is None:
+                ns = node.name.split("::", 1)[0]
+                action = "skip"
+                reason = ("custom op unavailable" if ns not in ("aten", "prims") and not ex.overload_schemas(node.name)
+                          else "no operator schema recorded or matched")
+            elif len(node.inputs) > len(sch.args):
+                action, reason = "skip", "recorded arguments do not match the schema"
+            elif any(a.kind in ("Storage",) for a in node.inputs):
+                action, reason = "skip", "storage arguments are not replayable"
+        args: list[Any] = []
+        kwargs: dict[str, Any] = {}
+        in_keys: dict[tuple, int] = {}
+        in_storages: set[int] = set()
+
+        def as_input(t: TensorRef) -> int:
+            tid = self.input_tensor(t)
+            in_keys[_tensor_key(t)] = tid
+            in_storages.add(t.storage_id)
+            return tid
+
+        if sch is not None:
+            for sa, a in zip(sch.args, node.inputs):
+                enc = self.encode(a, sa.type, as_input)
+                if enc is None and not sa.optional and sa.default is not None:
+                    continue  # an absent value with a default: let the operator use it
+                if sa.kwarg_only:
+                    kwargs[sa.name] = enc
+                else:
+                    args.append(enc)
+        else:
+            args = [self.encode(a, None, as_input) for a in node.inputs]
+        outputs = [self.encode(a, None, lambda t: self.output_tensor(t, in_keys, in_storages))
+                   for a in node.outputs]
+        op = {
+            "index": index,
+            "node_id": node.id,
+            "rf_id": node.rf_id,
+            "name": node.name,
+            "op": sch.qualified if sch is not None else node.name,
+            "schema": schema_text,
+            "action": action,
+            "reason": reason,
+            "args": args,
+            "kwargs": kwargs,
+            "outputs": outputs,
+            "orig_us": kineto.get(node.rf_id) if kineto and node.rf_id is not None else None,
+        }
+        if sch is not None:
+            op["_schema"] = sch
+        return op
+
+    # data recipes --------------------------------------------------------------------------
+
+    def constrain(self, tid: int | None, low: int, high: int) -> None:
+        if tid is None:
+            return
+        self.ranges.setdefault(self.tensors[tid]["storage"], []).append((int(low), int(high)))
+
+    def recipes(self, ops: list[dict[str, Any]]) -> None:
+        kinds: dict[int, dict[str, Any]] = {}
+        for op in ops:
+            sch: ex.Schema | None = op.get("_schema")
+            if sch is None or op["action"] != "call":
+                continue
+            named = _named_args(sch, op)
+            name = f"{sch.namespace}::{sch.name}"
+            shape = lambda enc: self.tensors[enc["t"]]["shape"] if isinstance(enc, dict) and "t" in enc else None  # noqa: E731
+            tid = lambda enc: enc["t"] if isinstance(enc, dict) and "t" in enc else None  # noqa: E731
+            if name in ("aten::embedding",):
+                w = shape(named.get("weight"))
+                if w:
+                    self.constrain(tid(named.get("indices")), 0, w[0])
+            elif name in ("aten::embedding_dense_backward", "aten::embedding_backward",
+                          "aten::embedding_sparse_backward"):
+                nw = named.get("num_weights")
+                if isinstance(nw, int) and nw > 0:
+                    self.constrain(tid(named.get("indices")), 0, nw)
+            elif name in _EMBEDDING_BAG_OPS:
+                w = shape(named.get("weight"))
+                ind = tid(named.get("indices"))
+                if w:
+                    self.constrain(ind, 0, w[0])
+                off = tid(named.get("offsets"))
+                if off is not None and ind is not None:
+                    total = math.prod(self.tensors[ind]["shape"])
+                    kinds[self.tensors[off]["storage"]] = {
+                        "kind": "offsets", "total": int(total),
+                        "include_last": bool(named.get("include_last_offset") or False)}
+            elif name in _DIM_INDEX_OPS:
+                s = shape(named.get("self"))
+                dim = named.get("dim")
+                if s is not None and isinstance(dim, int) and s:
+                    d = dim % len(s)
+                    self.constrain(tid(named.get("index")), 0, max(s[d], 1))
+            elif name in _INDEX_LIST_OPS:
+                s = shape(named.get("self"))
+                idx = named.get("indices")
+                if s is not None and isinstance(idx, list):
+                    for k, e in enumerate(idx):
+                        t = tid(e)
+                        if t is not None and k < len(s) and self.tensors[t]["dtype"] not in ("bool", "uint8"):
+                            self.constrain(t, 0, max(s[k], 1))
+            elif name in _NLL_OPS or name in _NLL_BACKWARD_OPS:
+                s = shape(named.get("self"))
+                t = tid(named.get("target"))
+                if s and t is not None and self.tensors[t]["dtype"] not in _FLOAT_DTYPES:
+                    c = s[1] if len(s) >= 2 else s[0]
+                    self.constrain(t, 0, max(c, 1))
+            elif name == "aten::one_hot":
+                nc = named.get("num_classes")
+                if isinstance(nc, int) and nc > 0:
+                    self.constrain(tid(named.get("self")), 0, nc)
+            elif name in _UNIFORM_POS_OPS:
+                for e in _tensor_encs(named.get("self")):
+                    kinds.setdefault(self.tensors[e]["storage"], {"kind": "uniform_pos"})
+            elif name in _POW_OPS:
+                ex_ = named.get("exponent")
+                if isinstance(ex_, float) and not float(ex_).is_integer():
+                    for e in _tensor_encs(named.get("self")):
+                        kinds.setdefault(self.tensors[e]["storage"], {"kind": "uniform_pos"})
+            elif name in ("aten::addcdiv", "aten::addcdiv_", "aten::_foreach_addcdiv", "aten::_foreach_addcdiv_"):
+                for e in _tensor_encs(named.get("tensor2")):
+                    kinds.setdefault(self.tensors[e]["storage"], {"kind": "uniform_pos"})
+        for tid_, (lo, hi) in self.trace_ranges.items():
+            self.ranges.setdefault(self.tensors[tid_]["storage"], []).insert(0, (lo, hi))
+        for st in self.storages:
+            sid = st["id"]
+            if st["dtype"] == "bool":
+                st["recipe"] = {"kind": "bernoulli"}
+                continue
+            if sid in kinds:
+                st["recipe"] = kinds[sid]
+                continue
+            rs = self.ranges.get(sid)
+            if rs:
+                lo = max(r[0] for r in rs)
+                hi = min(r[1] for r in rs)
+                if hi <= lo:  # disagreeing constraints: the consumers' (last ones) win
+                    lo, hi = rs[-1]
+                st["recipe"] = {"kind": "randint", "low": int(lo), "high": int(max(hi, lo + 1))}
+            elif st["dtype"] in _FLOAT_DTYPES or st["dtype"].startswith(("complex", "float8")):
+                st["recipe"] = {"kind": "randn"}
+            else:
+                st["recipe"] = {"kind": "randint", "low": 0, "high": 2}
+
+
+def _tensor_encs(enc: Any) -> list[int]:
+    out: list[int] = []
+    ex._walk_tensor_ids(enc, out)
+    return out
+
+
+def _named_args(sch: ex.Schema, op: dict[str, Any]) -> dict[str, Any]:
+    named: dict[str, Any] = {}
+    pos = [a for a in sch.args if not a.kwarg_only]
+    for sa, v in zip(pos, op["args"]):
+        named[sa.name] = v
+    named.update(op["kwargs"])
+    return named
+
+
+def _original_device(devices: Counter[str]) -> str:
+    accel = [(n, d) for d, n in devices.items() if d and not d.startswith("cpu")]
+    if accel:
+        return max(accel)[1]
+    return "cpu"
+
+
+def read_capture(trace_path: str | os.PathLike) -> dict[str, Any] | None:
+    """``capture.json`` beside a trace (or inside a trace dir), or None."""
+    p = Path(trace_path)
+    folder = p if p.is_dir() else p.parent
+    cap = folder / "capture.json"
+    if not cap.is_file():
+        return None
+    try:
+        data = json.loads(cap.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def capture_step_ms(capture: dict[str, Any] | None) -> float | None:
+    """The median uninstrumented step time (ms) recorded in ``capture.json``, or None."""
+    if not capture:
+        return None
+    st = capture.get("step_time")
+    if isinstance(st, dict):
+        v = st.get("median_ms")
+        if isinstance(v, (int, float)) and math.isfinite(v) and v > 0:
+            return float(v)
+    return None
+
+
+def find_kineto(trace_path: str | os.PathLike) -> Path | None:
+    p = Path(trace_path)
+    folder = p if p.is_dir() else p.parent
+    for name in ("kineto.json.gz", "kineto.json"):
+        if (folder / name).is_file():
+            return folder / name
+    return None
+
+
+def build_plan(
+    trace: Trace,
+    iteration: int | None = None,
+    *,
+    kineto: dict[int, float] | None = None,
+    capture: dict[str, Any] | None = None,
+    nodes: list[Node] | None = None,
+) -> Plan:
+    """The replay plan of one iteration of ``trace``.
+
+    ``iteration``: a ``ProfilerStep#N`` number (None: the last complete one, see
+    :func:`mystique.trace.analysis.select_iteration`; UsageError when absent). ``kineto``: rf_id ->
+    host duration (us) of the same run; ``capture``: the ``capture.json`` document (gives the
+    original step time). ``nodes``: the ops to replay (default :func:`replay_ops`), e.g. in tests.
+    """
+    from ..trace.analysis import replay_ops, select_iteration
+
+    it = None
+    if nodes is None:
+        it = select_iteration(trace, iteration)
+        nodes = replay_ops(trace, iteration)
+    b = _Builder(trace)
+    ops = [b.build_op(i, n, kineto) for i, n in enumerate(nodes)]
+    b.recipes(ops)
+    for op in ops:
+        op.pop("_schema", None)
+    inputs = [t["id"] for t in b.tensors if t["source"] == "external"]
+    counts = Counter(op["name"] for op in ops)
+    skipped: dict[str, dict[str, Any]] = {}
+    for op in ops:
+        if op["action"] == "skip":
+            s = skipped.setdefault(op["name"], {"count": 0, "reason": op["reason"]})
+            s["count"] += 1
+    known = [op["orig_us"] for op in ops if op["orig_us"] is not None]
+    meta = {
+        "source": os.path.basename(trace.source) if trace.source else "",
+        "schema": trace.schema,
+        "iteration": it.step if it is not None else iteration,
+        "original_device": _original_device(b.devices),
+        "ops_total": len(ops),
+        "op_counts": dict(sorted(counts.items())),
+        "skipped": skipped,
+        "original_op_times": bool(known),
+        "original_ops_us": sum(known) if known else None,
+        "original_step_ms": capture_step_ms(capture),
+        "original_threads": (capture or {}).get("threads"),
+        "captured_on": (capture or {}).get("device_name"),
+        "transforms": [],
+    }
+    data = {
+        "format": ex.PLAN_FORMAT,
+        "version": ex.PLAN_VERSION,
+        "metadata": meta,
+        "storages": b.storages,
+        "tensors": b.tensors,
+        "inputs": inputs,
+        "ops": ops,
+    }
+    return Plan(data)
+
+
+def plan_from_path(path: str | os.PathLike, iteration: int | None = None) -> tuple[Plan, str]:
+    """A plan from a benchmark dir, a ``benchmark.json``, a trace dir or an ET file.
+
+    Returns ``(plan, kind)`` with kind ``benchmark`` or ``trace``. UsageError for anything else.
+    """
+    from ..trace import load_trace
+    from ..trace.kineto import load_kineto
+
+    p = Path(path)
+    if not p.exists():
+        raise UsageError(f"{p} does not exist")
+    if p.is_dir() and (p / "benchmark.json").is_file():
+        p = p / "benchmark.json"
+    if p.is_file() and p.name.endswith(".json") and _looks_like_plan(p):
+        if iteration is not None:
+            raise UsageError("--iteration applies to traces; a benchmark holds one iteration already")
+        return Plan.load(p), "benchmark"
+    trace = load_trace(p)
+    kin = find_kineto(p)
+    kineto = None
+    if kin is not None:
+        try:
+            kineto = load_kineto(kin)
+        except UsageError:
+            kineto = None
+    plan = build_plan(trace, iteration, kineto=kineto, capture=read_capture(p))
+    return plan, "trace"
+
+
+def _looks_like_plan(p: Path) -> bool:
+    try:
+        with open(p, encoding="utf-8") as fh:
+            head = fh.read(200)
+    except (OSError, UnicodeDecodeError):
+        return False
+    return '"mystique-benchmark"' in head or "benchmark" in p.name

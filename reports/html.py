@@ -1,0 +1,934 @@
+"""The HTML report: one self-contained file built from results tables and replay artifacts alone.
+
+:func:`render_html` is pure (inputs in, markup out); :func:`render_report` reads the files, renders
+and writes the page atomically. Never imports torch.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import jinja2
+import numpy as np
+import pandas as pd
+from markupsafe import Markup
+
+from ..errors import UsageError
+from ..io import atomic_write_text
+from ..results import STATUSES, SUITES, validate
+from . import charts
+from .inputs import ReplayArtifacts, ReportInputs, load_inputs
+from .tables import compare_runs, runs, status_counts, wilson_interval, with_run_labels
+
+TOP_OPS = 25
+TOP_OP_TYPES = 15
+SUITE_TITLES = {
+    "capture": "Capture",
+    "replay": "Replay fidelity",
+    "numerics": "Numerics",
+    "soft_errors": "Soft errors",
+    "correctness": "Correctness",
+    "onnx": "ONNX export",
+    "distributed": "Distributed",
+}
+_FIDELITY = ("original_step_ms", "replay_step_ms", "ratio", "coverage", "coverage_by_time")
+_CI_SUFFIXES = ("_ci_low", "_ci_high")
+_TRIALS = re.compile(r"\btrials\s*[=:]\s*(\d+)")
+
+
+# ----------------------------------------------------------------------------------------------
+# cells and tables (plain dicts the template loops over; the template escapes every string)
+
+
+def fmt(v: Any, digits: int = 4) -> str:
+    """A number as a short string: '' for NaN/None, integers without a decimal point, else
+    ``digits`` significant digits."""
+    if v is None:
+        return ""
+    if isinstance(v, str):
+        return v
+    try:
+        x = float(v)
+    except (TypeError, ValueError):
+        return str(v)
+    if math.isnan(x):
+        return ""
+    if math.isinf(x):
+        return "inf" if x > 0 else "-inf"
+    if x == int(x) and abs(x) < 1e15:
+        return str(int(x))
+    return f"{x:.{digits}g}"
+
+
+def fmt_pct(v: Any) -> str:
+    """A fraction as a signed percentage ('+12.5%'), '' for NaN."""
+    try:
+        x = float(v)
+    except (TypeError, ValueError):
+        return ""
+    if not math.isfinite(x):
+        return ""
+    return f"{x * 100:+.3g}%"
+
+
+def cell(text: Any, cls: str = "", *, code: bool = False, title: str = "") -> dict[str, Any]:
+    return {"text": fmt(text), "cls": cls, "code": code, "title": title}
+
+
+def num(v: Any) -> dict[str, Any]:
+    return cell(v, "num")
+
+
+def status_cell(s: str) -> dict[str, Any]:
+    return cell(s, f"status st-{s}")
+
+
+def table(
+    headers: Sequence[str | tuple[str, str]],
+    rows: list[dict[str, Any]],
+    *,
+    cls: str = "",
+    caption: str = "",
+    attrs: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """A table block. ``rows`` are ``{"cells": [...], "cls": str}``; a header may be ``(text, css class)``."""
+    cols = [h if isinstance(h, tuple) else (h, "") for h in headers]
+    return {
+        "kind": "table",
+        "columns": cols,
+        "rows": rows,
+        "cls": cls,
+        "caption": caption,
+        "attrs": attrs or {},
+    }
+
+
+def row(cells: list[dict[str, Any]], cls: str = "") -> dict[str, Any]:
+    return {"cells": cells, "cls": cls}
+
+
+def chart(svg: str, caption: str = "") -> dict[str, Any]:
+    return {"kind": "chart", "svg": Markup(svg), "caption": caption}
+
+
+def note(text: str) -> dict[str, Any]:
+    return {"kind": "note", "text": text}
+
+
+def heading(text: str) -> dict[str, Any]:
+    return {"kind": "heading", "text": text}
+
+
+def details(summary: str, blocks: list[dict[str, Any]], *, open_: bool = False) -> dict[str, Any]:
+    return {"kind": "details", "summary": summary, "blocks": blocks, "open": open_}
+
+
+class _Ids:
+    """Chart id prefixes, unique within one page and the same on every rendering of the same inputs."""
+
+    def __init__(self) -> None:
+        self.n = 0
+
+    def __call__(self) -> str:
+        self.n += 1
+        return f"c{self.n}"
+
+
+# ----------------------------------------------------------------------------------------------
+# building blocks shared by the sections
+
+
+def _label(r: Any, multi: bool, *parts: str) -> str:
+    text = " · ".join(p for p in parts if p)
+    return f"[{r}] {text}" if multi else text
+
+
+def _all_rows_table(df: pd.DataFrame, multi: bool, suite: str) -> dict[str, Any]:
+    headers: list[Any] = [("run", "")] if multi else []
+    headers += [
+        "check",
+        "subject",
+        "dtype",
+        "metric",
+        ("value", "num"),
+        "unit",
+        ("threshold", "num"),
+        "status",
+        "detail",
+    ]
+    body = []
+    for r in df.itertuples():
+        cells = [cell(r.run_no)] if multi else []
+        cells += [
+            cell(r.check),
+            cell(r.subject),
+            cell(r.dtype),
+            cell(r.metric),
+            num(r.value),
+            cell(r.unit),
+            num(r.threshold),
+            status_cell(r.status),
+            cell(r.detail, "detail"),
+        ]
+        body.append(row(cells, f"row-{r.status}"))
+    return table(headers, body, cls="results-all", attrs={"data-suite": suite})
+
+
+def _metric_groups(df: pd.DataFrame, main: Callable[[str, str], bool]) -> list[dict[str, Any]]:
+    """Group rows sharing (run, check, subject, dtype) and pivot their metrics.
+
+    ``main(check, metric)`` tells the principal metric of a group; other metrics of the group
+    (``<main>_ci_low``, ``<main>_ci_high``, ``trials``, ...) become companions. Returns one dict per
+    principal row: ``run_no, check, subject, dtype, metric, value, threshold, unit, status, detail,
+    others`` (metric -> value).
+    """
+    out = []
+    for _, g in df.groupby(["run_no", "check", "subject", "dtype"], sort=False):
+        principal = g[[main(c, m) for c, m in zip(g["check"], g["metric"])]]
+        others = {m: v for m, v in zip(g["metric"], g["value"])}
+        statuses = set(g["status"])
+        for r in principal.itertuples():
+            worst = next((s for s in ("error", "fail") if s in statuses), r.status)
+            out.append(
+                {
+                    "run_no": r.run_no,
+                    "check": r.check,
+                    "subject": r.subject,
+                    "dtype": r.dtype,
+                    "metric": r.metric,
+                    "value": r.value,
+                    "threshold": r.threshold,
+                    "unit": r.unit,
+                    "status": worst,
+                    "detail": r.detail,
+                    "others": others,
+                }
+            )
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# suite sections
+
+
+def _replay_blocks(
+    df: pd.DataFrame, replays: Sequence[ReplayArtifacts], run_table: pd.DataFrame, multi: bool, ids: _Ids
+) -> list[dict[str, Any]]:
+    run_no = {(r.run_id, r.device): r.run for r in run_table.itertuples()}
+    entries: dict[tuple[Any, str], dict[str, Any]] = {}
+    for r in df.itertuples():
+        key = r.metric if r.metric in _FIDELITY else (r.check if r.check in _FIDELITY else None)
+        if key is None:
+            continue
+        e = entries.setdefault((r.run_no, r.subject), {"run": r.run_no, "subject": r.subject})
+        e.setdefault(key, r.value)
+    for art in replays:
+        rn = run_no.get((art.run_id, art.device), "")
+        e = entries.setdefault((rn, art.label), {"run": rn, "subject": art.label})
+        if art.summary:
+            for k in _FIDELITY:
+                if art.summary.get(k) is not None and not _finite(e.get(k)):
+                    e[k] = art.summary[k]
+            e["ops_total"] = art.summary.get("ops_total")
+            e["ops_replayed"] = art.summary.get("ops_replayed")
+            e["ops_skipped"] = art.summary.get("ops_skipped") or {}
+    blocks: list[dict[str, Any]] = []
+    if entries:
+        items = list(entries.values())
+        for e in items:
+            if (
+                not _finite(e.get("ratio"))
+                and _finite(e.get("original_step_ms"))
+                and _finite(e.get("replay_step_ms"))
+                and e["original_step_ms"] > 0
+            ):
+                e["ratio"] = e["replay_step_ms"] / e["original_step_ms"]
+        timed = [e for e in items if _finite(e.get("original_step_ms")) or _finite(e.get("replay_step_ms"))]
+        if timed:
+            labels = [_label(e["run"], multi, e["subject"]) for e in timed]
+            blocks.append(
+                chart(
+                    charts.grouped_bars(
+                        labels,
+                        {
+                            "original step": [_f(e.get("original_step_ms")) for e in timed],
+                            "replay step": [_f(e.get("replay_step_ms")) for e in timed],
+                        },
+                        xlabel="step time (ms, median)",
+                        title="Original vs replay step time",
+                        uid=ids(),
+                    ),
+                    "Median step time of the captured workload and of its replay, same device.",
+                )
+            )
+        body = []
+        for e in items:
+            skipped = e.get("ops_skipped") or {}
+            skipped_text = ", ".join(
+                f"{k}×{v}" for k, v in sorted(skipped.items(), key=lambda kv: -kv[1])[:6]
+            )
+            if len(skipped) > 6:
+                skipped_text += f", … ({len(skipped)} kinds)"
+            ops = ""
+            if _finite(e.get("ops_total")):
+                ops = f"{fmt(e.get('ops_replayed'))} / {fmt(e.get('ops_total'))}"
+            cells = [cell(e["run"])] if multi else []
+            cells += [
+                cell(e["subject"]),
+                num(e.get("original_step_ms")),
+                num(e.get("replay_step_ms")),
+                num(e.get("ratio")),
+                cell(_pct(e.get("coverage")), "num"),
+                cell(_pct(e.get("coverage_by_time")), "num"),
+                cell(ops, "num"),
+                cell(skipped_text, "detail"),
+            ]
+            body.append(row(cells))
+        headers = (["run"] if multi else []) + [
+            "workload / benchmark",
+            ("original ms", "num"),
+            ("replay ms", "num"),
+            ("ratio", "num"),
+            ("coverage", "num"),
+            ("coverage by time", "num"),
+            ("ops replayed", "num"),
+            "skipped ops",
+        ]
+        blocks.append(
+            table(headers, body, cls="fidelity", caption="Replay fidelity (ratio = replay / original)")
+        )
+    with_ops = [a for a in replays if a.ops is not None and len(a.ops)]
+    if with_ops:
+        bars: dict[str, dict[str, float]] = {}
+        for art in with_ops:
+            name = _label(run_no.get((art.run_id, art.device), ""), multi, art.label)
+            for kind in ("original", "replay"):
+                col = f"{kind}_ms"
+                if art.ops[col].notna().any():
+                    bars[f"{name} {kind}"] = (
+                        art.ops.groupby("name", sort=False)[col].sum(min_count=1).dropna().to_dict()
+                    )
+        if bars:
+            blocks.append(
+                chart(
+                    charts.stacked_breakdown(
+                        bars, xlabel="time per step (ms)", title="Time by operator type", uid=ids()
+                    ),
+                    "Summed operator times of one iteration, by operator name "
+                    "(largest types; the rest as other).",
+                )
+            )
+        for art in with_ops:
+            name = _label(run_no.get((art.run_id, art.device), ""), multi, art.label)
+            ops = art.ops
+            by_type = (
+                ops.groupby("name", sort=False)
+                .agg(
+                    count=("name", "size"),
+                    original_ms=("original_ms", lambda s: s.sum(min_count=1)),
+                    replay_ms=("replay_ms", lambda s: s.sum(min_count=1)),
+                )
+                .reset_index()
+            )
+            by_type["key"] = by_type[["original_ms", "replay_ms"]].max(axis=1)
+            by_type = by_type.sort_values("key", ascending=False, kind="stable").head(TOP_OP_TYPES)
+            total = ops["replay_ms"].sum()
+            body = [
+                row(
+                    [
+                        cell(t.name, code=True),
+                        num(t.count),
+                        num(t.original_ms),
+                        num(t.replay_ms),
+                        num(_ratio(t.replay_ms, t.original_ms)),
+                        cell(
+                            f"{t.replay_ms / total * 100:.1f}%" if total > 0 and _finite(t.replay_ms) else "",
+                            "num",
+                        ),
+                    ]
+                )
+                for t in by_type.itertuples()
+            ]
+            blocks.append(heading(f"Operators of {name}"))
+            blocks.append(
+                table(
+                    [
+                        "operator type",
+                        ("count", "num"),
+                        ("original ms", "num"),
+                        ("replay ms", "num"),
+                        ("replay / original", "num"),
+                        ("share of replay", "num"),
+                    ],
+                    body,
+                    cls="optypes",
+                    caption=f"Top {len(by_type)} operator types of {ops['name'].nunique()} by time",
+                )
+            )
+            top = ops.assign(key=ops[["original_ms", "replay_ms"]].max(axis=1))
+            top = top.sort_values("key", ascending=False, kind="stable").head(TOP_OPS)
+            body = [
+                row(
+                    [
+                        num(o.index),
+                        cell(o.name, code=True),
+                        cell(o.overload),
+                        cell(o.input_shapes, "detail"),
+                        cell(o.input_dtypes, "detail"),
+                        num(o.original_ms),
+                        num(o.replay_ms),
+                        num(_ratio(o.replay_ms, o.original_ms)),
+                    ],
+                    "row-slow" if _ratio(o.replay_ms, o.original_ms) > 2 else "",
+                )
+                for o in top.itertuples()
+            ]
+            blocks.append(
+                table(
+                    [
+                        ("#", "num"),
+                        "operator",
+                        "overload",
+                        "input shapes",
+                        "input dtypes",
+                        ("original ms", "num"),
+                        ("replay ms", "num"),
+                        ("replay / original", "num"),
+                    ],
+                    body,
+                    cls="ops",
+                    caption=f"Top {len(top)} of {len(ops)} replayed operators by time",
+                )
+            )
+    return blocks
+
+
+def _numerics_blocks(df: pd.DataFrame, multi: bool, ids: _Ids) -> list[dict[str, Any]]:
+    bounded = df[np.isfinite(df["value"]) & np.isfinite(df["threshold"]) & (df["threshold"] > 0)].copy()
+    if not len(bounded):
+        return []
+    bounded["ratio"] = bounded["value"] / bounded["threshold"]
+    bounded = bounded.sort_values("ratio", ascending=False, kind="stable")
+    shown = bounded.head(charts.MAX_BARS)
+    labels = [_label(r.run_no, multi, r.subject, r.dtype, r.metric) for r in shown.itertuples()]
+    more = f" The {len(shown)} largest of {len(bounded)} are drawn." if len(bounded) > len(shown) else ""
+    blocks = [
+        chart(
+            charts.ratio_bars(
+                labels,
+                shown["ratio"].tolist(),
+                shown["status"].tolist(),
+                title="Error against its bound, per operator and dtype",
+                uid=ids(),
+            ),
+            "Measured error divided by the bound it was held to; past the dashed line is out of bound."
+            + more,
+        )
+    ]
+    body = []
+    for r in bounded.itertuples():
+        cells = [cell(r.run_no)] if multi else []
+        cells += [
+            cell(r.subject, code=True),
+            cell(r.dtype),
+            cell(r.check),
+            cell(r.metric),
+            num(r.value),
+            num(r.threshold),
+            num(r.ratio),
+            cell(r.unit),
+            status_cell(r.status),
+        ]
+        body.append(row(cells, f"row-{r.status}"))
+    headers = (["run"] if multi else []) + [
+        "op",
+        "dtype",
+        "check",
+        "metric",
+        ("value", "num"),
+        ("threshold", "num"),
+        ("value / threshold", "num"),
+        "unit",
+        "status",
+    ]
+    blocks.append(table(headers, body, cls="numerics", caption="Errors against bounds, largest ratio first"))
+    return blocks
+
+
+def _is_rate(check: str, metric: str) -> bool:
+    return metric == "detection_rate" or (
+        metric.endswith("detection_rate") and not metric.endswith(_CI_SUFFIXES)
+    )
+
+
+def _soft_error_blocks(df: pd.DataFrame, multi: bool, ids: _Ids) -> list[dict[str, Any]]:
+    blocks: list[dict[str, Any]] = []
+    rates = _metric_groups(df, _is_rate)
+    if rates:
+        for e in rates:
+            o = e["others"]
+            m = e["metric"]
+            trials = o.get("trials", math.nan)
+            if not _finite(trials):
+                hit = _TRIALS.search(e["detail"])
+                trials = float(hit[1]) if hit else math.nan
+            lo, hi = o.get(f"{m}_ci_low", math.nan), o.get(f"{m}_ci_high", math.nan)
+            if not (_finite(lo) and _finite(hi)) and _finite(trials) and _finite(e["value"]):
+                lo, hi = wilson_interval(e["value"] * trials, trials)
+            e.update(trials=trials, lo=lo, hi=hi)
+        shown = rates[: charts.MAX_BARS * 2]
+        labels = [_label(e["run_no"], multi, e["subject"], e["dtype"]) for e in shown]
+        blocks.append(
+            chart(
+                charts.interval_points(
+                    labels,
+                    [e["value"] for e in shown],
+                    [_f(e["lo"], e["value"]) for e in shown],
+                    [_f(e["hi"], e["value"]) for e in shown],
+                    [e["check"] for e in shown],
+                    targets=[e["threshold"] for e in shown],
+                    title="Detection rate per bit class (95% Wilson interval)",
+                    xlabel="detection rate",
+                    uid=ids(),
+                ),
+                "Share of injected faults that the checker detected; bars are 95% Wilson score intervals; "
+                "red ticks are the required rate.",
+            )
+        )
+        body = []
+        for e in rates:
+            cells = [cell(e["run_no"])] if multi else []
+            cells += [
+                cell(e["check"]),
+                cell(e["subject"]),
+                cell(e["dtype"]),
+                num(e["trials"]),
+                num(e["value"]),
+                num(e["lo"]),
+                num(e["hi"]),
+                num(e["threshold"]),
+                status_cell(e["status"]),
+                cell(e["detail"], "detail"),
+            ]
+            body.append(row(cells, f"row-{e['status']}"))
+        headers = (["run"] if multi else []) + [
+            "check",
+            "bit class",
+            "dtype",
+            ("trials", "num"),
+            ("detection rate", "num"),
+            ("CI low", "num"),
+            ("CI high", "num"),
+            ("threshold", "num"),
+            "status",
+            "detail",
+        ]
+        blocks.append(table(headers, body, cls="detection", caption="Detection rates"))
+    pvf = _metric_groups(
+        df[df["check"].str.startswith("pvf")], lambda c, m: not m.endswith(_CI_SUFFIXES) and m != "trials"
+    )
+    if pvf:
+        pvf.sort(key=lambda e: -(e["value"] if _finite(e["value"]) else -1))
+        shown = pvf[: charts.MAX_BARS]
+        blocks.append(heading("Program vulnerability factor by layer"))
+        blocks.append(
+            chart(
+                charts.ranking_bars(
+                    [_label(e["run_no"], multi, e["subject"], e["dtype"]) for e in shown],
+                    [e["value"] for e in shown],
+                    title="PVF ranking (most vulnerable first)",
+                    xlabel="PVF (share of faults that corrupt the output)",
+                    uid=ids(),
+                ),
+                "Layers ranked by program vulnerability factor.",
+            )
+        )
+        body = []
+        for i, e in enumerate(pvf, 1):
+            o = e["others"]
+            cells = [num(i)] + ([cell(e["run_no"])] if multi else [])
+            cells += [
+                cell(e["subject"]),
+                cell(e["dtype"]),
+                cell(e["metric"]),
+                num(e["value"]),
+                num(o.get(f"{e['metric']}_ci_low")),
+                num(o.get(f"{e['metric']}_ci_high")),
+                num(o.get("trials")),
+                status_cell(e["status"]),
+                cell(e["detail"], "detail"),
+            ]
+            body.append(row(cells, f"row-{e['status']}"))
+        headers = (
+            [("rank", "num")]
+            + (["run"] if multi else [])
+            + [
+                "layer",
+                "dtype",
+                "metric",
+                ("PVF", "num"),
+                ("CI low", "num"),
+                ("CI high", "num"),
+                ("trials", "num"),
+                "status",
+                "detail",
+            ]
+        )
+        blocks.append(table(headers, body, cls="pvf", caption="PVF per layer, highest first"))
+    over = df[df["check"].str.contains("overhead")]
+    if len(over):
+        over = over.sort_values("value", ascending=False, kind="stable")
+        shown = over.head(charts.MAX_BARS)
+        unit = next((u for u in shown["unit"] if u), "")
+        blocks.append(heading("Checker overheads"))
+        blocks.append(
+            chart(
+                charts.ranking_bars(
+                    [_label(r.run_no, multi, r.check, r.subject, r.dtype) for r in shown.itertuples()],
+                    shown["value"].tolist(),
+                    statuses=shown["status"].tolist(),
+                    title="Checker overhead",
+                    xlabel=f"overhead ({unit})" if unit else "overhead",
+                    uid=ids(),
+                ),
+                "Extra time of the protected operator over the unprotected one, measured side by side.",
+            )
+        )
+        body = []
+        for r in over.itertuples():
+            cells = [cell(r.run_no)] if multi else []
+            cells += [
+                cell(r.check),
+                cell(r.subject),
+                cell(r.dtype),
+                cell(r.metric),
+                num(r.value),
+                cell(r.unit),
+                num(r.threshold),
+                status_cell(r.status),
+                cell(r.detail, "detail"),
+            ]
+            body.append(row(cells, f"row-{r.status}"))
+        headers = (["run"] if multi else []) + [
+            "check",
+            "subject",
+            "dtype",
+            "metric",
+            ("value", "num"),
+            "unit",
+            ("threshold", "num"),
+            "status",
+            "detail",
+        ]
+        blocks.append(table(headers, body, cls="overheads", caption="Checker overheads"))
+    return blocks
+
+
+def _correctness_blocks(df: pd.DataFrame, multi: bool, ids: _Ids) -> list[dict[str, Any]]:
+    div = df[df["check"].str.contains("first_divergent")]
+    if not len(div):
+        return []
+    body = []
+    for r in div.itertuples():
+        cells = [cell(r.run_no)] if multi else []
+        cells += [
+            status_cell(r.status),
+            cell(r.check),
+            cell(r.subject, code=True),
+            cell(r.dtype),
+            cell(r.metric),
+            num(r.value),
+            num(r.threshold),
+            cell(r.detail, "detail"),
+        ]
+        body.append(row(cells, f"row-{r.status}"))
+    headers = (["run"] if multi else []) + [
+        "status",
+        "check",
+        "subject",
+        "dtype",
+        "metric",
+        ("value", "num"),
+        ("threshold", "num"),
+        "where it diverges",
+    ]
+    return [
+        table(
+            headers,
+            body,
+            cls="divergence",
+            caption="First divergent operators: where the device under test first leaves the reference",
+        )
+    ]
+
+
+_SUITE_BLOCKS = {
+    "numerics": _numerics_blocks,
+    "soft_errors": _soft_error_blocks,
+    "correctness": _correctness_blocks,
+}
+
+
+# ----------------------------------------------------------------------------------------------
+# page
+
+
+def _finite(v: Any) -> bool:
+    try:
+        return v is not None and math.isfinite(float(v))
+    except (TypeError, ValueError):
+        return False
+
+
+def _f(v: Any, default: Any = math.nan) -> float:
+    return float(v) if _finite(v) else (float(default) if _finite(default) else math.nan)
+
+
+def _ratio(a: Any, b: Any) -> float:
+    return float(a) / float(b) if _finite(a) and _finite(b) and float(b) > 0 else math.nan
+
+
+def _pct(v: Any) -> str:
+    return f"{float(v) * 100:.1f}%" if _finite(v) else ""
+
+
+def _comparison(df: pd.DataFrame, run_table: pd.DataFrame) -> dict[str, Any] | None:
+    comp = compare_runs(df, run_table)
+    if not len(comp):
+        return None
+    labels = list(run_table["label"])
+    headers: list[Any] = ["suite", "check", "subject", "dtype", "metric"]
+    for i in range(1, len(labels) + 1):
+        headers.append((f"[{i}] value", "num"))
+        if i > 1:
+            headers += [(f"[{i}] Δ", "num"), (f"[{i}] Δ%", "num")]
+    differing, same, changes = [], [], []
+    keys = ["suite", "check", "subject", "dtype", "metric", "occurrence"]
+    groups: dict[tuple, list[dict[str, Any]]] = {}
+    for rec in comp.to_dict("records"):  # comp is ordered; dicts keep that order
+        groups.setdefault(tuple(rec[k] for k in keys), []).append(rec)
+    for key, recs in groups.items():
+        by_run = {r["run_no"]: r for r in recs}
+        cells = [cell(key[0]), cell(key[1]), cell(key[2]), cell(key[3]), cell(key[4])]
+        for i in range(1, len(labels) + 1):
+            r = by_run.get(i)
+            if r is None:
+                cells.append(cell("—", "num missing"))
+                if i > 1:
+                    cells += [cell("", "num"), cell("", "num")]
+                continue
+            status, base_status, delta = r["status"], r["baseline_status"], r["delta"]
+            cls = f"num st-{status}" + (" changed" if r["status_changed"] else "")
+            title = status + (f" (was {base_status})" if r["status_changed"] else "")
+            cells.append(cell(f"{fmt(r['value'])} {status}", cls, title=title))
+            if i > 1:
+                direction = "" if not _finite(delta) or delta == 0 else (" up" if delta > 0 else " down")
+                cells += [
+                    cell("" if r["is_baseline"] else fmt(delta), "num" + direction),
+                    cell("" if r["is_baseline"] else fmt_pct(r["rel_delta"]), "num" + direction),
+                ]
+            if r["status_changed"]:
+                what = " ".join(x for x in (f"{key[0]}/{key[1]}", key[2], key[3], key[4]) if x)
+                text = f"{what}: {base_status} → {status} in [{i}]"
+                changes.append({"text": text, "worse": bool(r["worsened"])})
+        key_changed = any(r["key_changed"] for r in recs)
+        moved = (
+            key_changed
+            or any(_finite(r["delta"]) and r["delta"] != 0 for r in recs)
+            or len({_finite(r["value"]) for r in recs}) > 1
+        )
+        cls = "worse" if any(r["worsened"] for r in recs) else ("changed" if key_changed else "")
+        (differing if moved else same).append(row(cells, cls))
+    n_worse = sum(c["worse"] for c in changes)
+    return {
+        "table": table(headers, differing, cls="comparison") if differing else None,
+        "same": table(headers, same, cls="comparison same") if same else None,
+        "n_same": len(same),
+        "changes": changes,
+        "summary": f"{len(differing) + len(same)} checks present in several runs: {len(differing)} differ, "
+        f"{len(same)} identical; {len(changes)} status change(s), {n_worse} for the worse "
+        "(pass/skip → fail/error). Δ is against run [1], the oldest.",
+        "runs": labels,
+    }
+
+
+def _env() -> jinja2.Environment:
+    return jinja2.Environment(
+        loader=jinja2.PackageLoader("mystique.reports", "templates"),
+        autoescape=jinja2.select_autoescape(("html", "j2", "html.j2"), default=True),
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+
+
+def render_html(inputs: ReportInputs | pd.DataFrame, *, title: str | None = None) -> str:
+    """The report page for ``inputs`` as one self-contained HTML string (no network references).
+
+    ``inputs`` is a :class:`ReportInputs` (see :func:`load_inputs`) or a bare results table (then
+    without replay artifacts; ValueError if it does not follow the results schema). Pure: the same
+    inputs give the same markup. Sections: verdict and runs (devices), summary by suite, failures
+    first with the detail that reproduces them, comparison of runs (when several runs share
+    checks), then one section per suite that has rows.
+    """
+    if isinstance(inputs, pd.DataFrame):
+        inputs = ReportInputs(results=validate(inputs))
+    df = inputs.results.copy()
+    run_table = runs(df)
+    multi = len(run_table) > 1
+    df["run"] = with_run_labels(df, run_table)
+    df["run_no"] = df["run"].map({lab: i for i, lab in enumerate(run_table["label"], 1)})
+    suite_order = {s: i for i, s in enumerate(SUITES)}
+    counts = {s: int((df["status"] == s).sum()) for s in STATUSES}
+    bad = counts["fail"] + counts["error"]
+    verdict = "NO RESULTS" if not len(df) else ("FAIL" if bad else "PASS")
+    ids = _Ids()
+
+    by_suite = status_counts(df)
+    by_suite["_o"] = by_suite["suite"].map(lambda s: suite_order.get(s, len(suite_order)))
+    by_suite = by_suite.sort_values(["_o"], kind="stable")
+    summary_rows = [
+        row(
+            [
+                cell(SUITE_TITLES.get(r.suite, r.suite)),
+                num(r.pass_),
+                num(r.fail),
+                num(r.skip),
+                num(r.error),
+                num(r.total),
+            ],
+            "row-fail" if r.fail + r.error else "",
+        )
+        for r in by_suite.rename(columns={"pass": "pass_"}).itertuples()
+    ]
+    summary = table(
+        [
+            "suite",
+            ("pass", "num st-pass"),
+            ("fail", "num st-fail"),
+            ("skip", "num st-skip"),
+            ("error", "num st-error"),
+            ("total", "num"),
+        ],
+        summary_rows,
+        cls="by-suite",
+    )
+    summary_links = [{"suite": s, "title": SUITE_TITLES.get(s, s)} for s in by_suite["suite"]]
+
+    fails = df[df["status"].isin(("fail", "error"))].copy()
+    fails["_o"] = fails["suite"].map(lambda s: suite_order.get(s, len(suite_order)))
+    fails = fails.sort_values(["_o", "run_no"], kind="stable")
+    failures = [
+        {
+            "status": r.status,
+            "suite": r.suite,
+            "check": r.check,
+            "subject": r.subject,
+            "dtype": r.dtype,
+            "metric": r.metric,
+            "value": fmt(r.value),
+            "threshold": fmt(r.threshold),
+            "unit": r.unit,
+            "detail": r.detail,
+            "run": f"[{r.run_no}] {r.run}" if multi else "",
+        }
+        for r in fails.itertuples()
+    ]
+
+    run_rows = [
+        {
+            "no": r.run,
+            "label": r.label,
+            "device": r.device,
+            "device_name": r.device_name,
+            "torch_version": r.torch_version,
+            "host": r.host,
+            "run_id": r.run_id,
+            "dates": r.first if r.first == r.last else f"{r.first} … {r.last}",
+            "suites": r.suites,
+            "pass": r.pass_,
+            "fail": r.fail,
+            "skip": r.skip,
+            "error": r.error,
+            "total": r.total,
+        }
+        for r in run_table.rename(columns={"pass": "pass_"}).itertuples()
+    ]
+
+    sections = []
+    for suite in by_suite["suite"]:
+        sdf = df[df["suite"] == suite]
+        c = {s: int((sdf["status"] == s).sum()) for s in STATUSES}
+        if suite == "replay":
+            special = _replay_blocks(sdf, inputs.replays, run_table, multi, ids)
+        elif suite in _SUITE_BLOCKS:
+            special = _SUITE_BLOCKS[suite](sdf, multi, ids)
+        else:
+            special = []
+        all_rows = _all_rows_table(sdf, multi, suite)
+        blocks = special + [
+            details(
+                f"All {len(sdf)} {SUITE_TITLES.get(suite, suite).lower()} rows", [all_rows], open_=not special
+            )
+        ]
+        sections.append(
+            {"suite": suite, "title": SUITE_TITLES.get(suite, suite), "counts": c, "blocks": blocks}
+        )
+
+    return (
+        _env()
+        .get_template("report.html.j2")
+        .render(
+            title=title or _default_title(run_table),
+            verdict=verdict,
+            counts=counts,
+            total=len(df),
+            runs=run_rows,
+            multi=multi,
+            summary=summary,
+            summary_links=summary_links,
+            failures=failures,
+            comparison=_comparison(df, run_table) if multi else None,
+            sections=sections,
+            sources=list(inputs.sources),
+        )
+    )
+
+
+def _default_title(run_table: pd.DataFrame) -> str:
+    devices = list(dict.fromkeys(run_table["device"])) if len(run_table) else []
+    if not devices:
+        return "Mystique report"
+    shown = ", ".join(devices[:3]) + (f" and {len(devices) - 3} more" if len(devices) > 3 else "")
+    return f"Mystique report: {shown}"
+
+
+def render_report(
+    results_paths: str | os.PathLike | Sequence[str | os.PathLike],
+    out_html: str | os.PathLike,
+    *,
+    title: str | None = None,
+    force: bool = False,
+) -> Path:
+    """Read results files (or folders of them), render the report and write it atomically to ``out_html``.
+
+    Returns the path written. UsageError (one line) on bad input, or when ``out_html`` exists and
+    ``force`` is false, or is a folder.
+    """
+    out = Path(out_html)
+    if out.is_dir():
+        raise UsageError(f"report path {out} is a folder; give a file name such as {out / 'report.html'}")
+    if out.exists() and not force:
+        raise UsageError(f"report {out} exists; pass --force to replace it")
+    page = render_html(load_inputs(results_paths), title=title)
+    parent = out.parent if str(out.parent) else Path(".")
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"cannot write to {parent}: {exc.strerror or exc}") from exc
+    return atomic_write_text(out, page)

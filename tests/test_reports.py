@@ -1,0 +1,629 @@
+"""Reports: results.csv (+ replay ops.csv/summary.json) -> one self-contained report.html."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import subprocess
+import sys
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from mystique.reports import (
+    compare_runs,
+    load_inputs,
+    render_html,
+    render_report,
+    runs,
+    status_counts,
+    wilson_interval,
+)
+
+from mystique.cli import main
+from mystique.errors import UsageError
+from mystique.results import Results, RunContext, read_csv, write_csv
+
+CPU = dict(device="cpu", device_name="AMD EPYC 7B13", torch_version="2.13.0", host="qual-01")
+GPU = dict(device="cuda", device_name="NVIDIA H100 80GB HBM3", torch_version="2.13.0+cu128", host="gpu-07")
+FAILING_DETAIL = "max abs err 0.031 > 0.0078 on aten::mm; reproduce: --seed 1234 --shape 64x128x32"
+
+
+# ----------------------------------------------------------------------------------------------
+# realistic fixture runs, produced through mystique.results.Results like the suites do
+
+
+def _ctx(base: dict, run_id: str, started_at: str) -> RunContext:
+    return RunContext(run_id=run_id, started_at=started_at, **base)
+
+
+def numerics_rows(ctx: RunContext, *, fail_mm_bf16: bool) -> pd.DataFrame:
+    r = Results(ctx, "numerics")
+    bounds = {"float32": 1e-5, "bfloat16": 7.8e-3, "float16": 9.8e-4}
+    errs = {
+        ("aten::mm", "float32"): 2.1e-6,
+        ("aten::mm", "bfloat16"): 3.1e-2 if fail_mm_bf16 else 3.9e-3,
+        ("aten::mm", "float16"): 4.4e-4,
+        ("aten::softmax", "bfloat16"): 1.2e-3,
+        ("aten::softmax", "float16"): 2.0e-4,
+        ("aten::layer_norm", "bfloat16"): 6.1e-3,
+        ("aten::gelu", "float16"): 0.0,
+    }
+    for (op, dtype), err in errs.items():
+        bound = bounds[dtype]
+        ok = err <= bound
+        detail = "" if ok else FAILING_DETAIL
+        r.add(
+            "op_error_vs_fp64",
+            op,
+            "max_rel_error",
+            err,
+            status="pass" if ok else "fail",
+            threshold=bound,
+            dtype=dtype,
+            detail=detail,
+        )
+    r.add(
+        "op_error_vs_fp64",
+        "aten::_scaled_dot_product_flash_attention",
+        "max_rel_error",
+        None,
+        status="skip",
+        dtype="float16",
+        detail="no flash attention kernel on this device",
+    )
+    return r.frame()
+
+
+def soft_error_rows(ctx: RunContext) -> pd.DataFrame:
+    r = Results(ctx, "soft_errors")
+    for bit_class, (rate, lo, hi, n) in {
+        "sign": (1.0, 0.963, 1.0, 100),
+        "exponent": (0.86, 0.778, 0.915, 100),
+        "mantissa_high": (0.93, 0.862, 0.966, 100),
+        "mantissa_low": (0.12, 0.07, 0.198, 100),
+    }.items():
+        st_ = "pass" if rate >= 0.9 or bit_class == "mantissa_low" else "fail"
+        r.add(
+            "abft_detection_rate",
+            bit_class,
+            "detection_rate",
+            rate,
+            status=st_,
+            threshold=0.9 if bit_class != "mantissa_low" else None,
+            dtype="float32",
+            detail=f"trials={n} seed=7",
+        )
+        r.add("abft_detection_rate", bit_class, "detection_rate_ci_low", lo, status="pass", dtype="float32")
+        r.add("abft_detection_rate", bit_class, "detection_rate_ci_high", hi, status="pass", dtype="float32")
+        r.add("abft_detection_rate", bit_class, "trials", n, status="pass", dtype="float32")
+    # a checker whose rows carry no interval: the report computes Wilson's from trials
+    r.add(
+        "dmr_detection_rate",
+        "exponent",
+        "detection_rate",
+        0.8,
+        status="pass",
+        dtype="bfloat16",
+        detail="trials=50 seed=8",
+    )
+    for layer, pvf in {
+        "layers.0.attn.q_proj": 0.31,
+        "layers.0.mlp.up_proj": 0.12,
+        "lm_head": 0.55,
+        "layers.1.attn.o_proj": 0.07,
+    }.items():
+        r.add("pvf", layer, "pvf", pvf, status="pass", dtype="float32", detail="trials=200 seed=3")
+    r.add(
+        "abft_overhead",
+        "aten::mm 1024x1024",
+        "overhead",
+        7.5,
+        status="pass",
+        unit="%",
+        threshold=15,
+        dtype="float32",
+    )
+    r.add(
+        "abft_overhead",
+        "aten::mm 256x256",
+        "overhead",
+        18.2,
+        status="fail",
+        unit="%",
+        threshold=15,
+        dtype="float32",
+        detail="median of 9 interleaved repetitions; reproduce: --seed 5 --size 256",
+    )
+    return r.frame()
+
+
+def correctness_rows(ctx: RunContext) -> pd.DataFrame:
+    r = Results(ctx, "correctness")
+    r.add(
+        "output_matches_reference",
+        "llama:debug",
+        "max_abs_diff",
+        0.0021,
+        status="pass",
+        threshold=0.01,
+        dtype="float32",
+    )
+    r.add(
+        "first_divergent_op",
+        "bert:debug",
+        "op_index",
+        17,
+        status="fail",
+        dtype="bfloat16",
+        detail="aten::addmm #17 diverges first: max abs diff 0.44 > 0.05; "
+        "reproduce: --seed 0 --workload bert",
+    )
+    return r.frame()
+
+
+def capture_rows(ctx: RunContext) -> pd.DataFrame:
+    r = Results(ctx, "capture")
+    r.add("trace_recorded", "llama:debug", "ops", 412, status="pass")
+    r.add("step_time", "llama:debug", "median_ms", 12.75, status="pass", unit="ms")
+    return r.frame()
+
+
+def replay_rows(ctx: RunContext) -> pd.DataFrame:
+    r = Results(ctx, "replay")
+    r.add("replay_fidelity", "llama:debug", "ratio", 1.08, status="pass", threshold=1.5)
+    r.add("replay_fidelity", "llama:debug", "coverage", 0.97, status="pass", threshold=0.9)
+    return r.frame()
+
+
+OPS = [
+    # index, name, overload, shapes, dtypes, original_us, replay_us
+    (0, "aten::embedding", "", "[[32000, 64], [2, 16]]", "[float32, int64]", 40.0, 45.0),
+    (1, "aten::mm", "", "[[32, 64], [64, 192]]", "[float32, float32]", 210.0, 230.0),
+    (2, "aten::softmax", "int", "[[2, 4, 16, 16]]", "[float32]", 35.0, 33.0),
+    (3, "aten::mm", "", "[[32, 64], [64, 64]]", "[float32, float32]", 120.0, 118.0),
+    (4, "aten::gelu", "", "[[32, 256]]", "[float32]", 25.0, 60.0),
+    (5, "aten::layer_norm", "", "[[2, 16, 64]]", "[float32]", 30.0, 31.0),
+    (6, "aten::add", "Tensor", "[[2, 16, 64], [2, 16, 64]]", "[float32, float32]", 8.0, 9.0),
+]
+
+
+def write_replay_dir(folder: Path, ctx: RunContext) -> None:
+    folder.mkdir(parents=True)
+    write_csv(replay_rows(ctx), folder / "results.csv")
+    ops = pd.DataFrame(
+        OPS, columns=["index", "name", "overload", "input_shapes", "input_dtypes", "original_us", "replay_us"]
+    )
+    ops.to_csv(folder / "ops.csv", index=False)
+    (folder / "summary.json").write_text(
+        json.dumps(
+            {
+                "ops_total": 9,
+                "ops_replayed": 7,
+                "ops_skipped": {"aten::_fused_dropout": 1, "aten::randperm": 1},
+                "coverage": 7 / 9,
+                "coverage_by_time": 0.95,
+                "original_step_ms": 0.61,
+                "replay_step_ms": 0.66,
+                "ratio": 0.66 / 0.61,
+            }
+        )
+    )
+
+
+def make_run(root: Path, base: dict, run_id: str, started_at: str, *, fail_mm_bf16: bool = True) -> Path:
+    """One qualification run laid out as the CLI does: a folder per command, each with results.csv."""
+    ctx = _ctx(base, run_id, started_at)
+    root.mkdir(parents=True, exist_ok=True)
+    for name, frame in (
+        ("capture", capture_rows(ctx)),
+        ("numerics", numerics_rows(ctx, fail_mm_bf16=fail_mm_bf16)),
+        ("soft_errors", soft_error_rows(ctx)),
+        ("correctness", correctness_rows(ctx)),
+    ):
+        (root / name).mkdir()
+        write_csv(frame, root / name / "results.csv")
+    write_replay_dir(root / "replay", ctx)
+    return root
+
+
+@pytest.fixture
+def one_run(tmp_path: Path) -> Path:
+    return make_run(tmp_path / "run_cpu", CPU, "a1b2c3d4e5f6", "2025-05-01T10:00:00+00:00")
+
+
+@pytest.fixture
+def two_numerics(tmp_path: Path) -> list[Path]:
+    """The same numerics checks on two devices; aten::mm bfloat16 passes on the first, fails on the second."""
+    paths = []
+    for base, rid, when, fail in (
+        (CPU, "0000aaaa1111", "2025-05-01T10:00:00+00:00", False),
+        (GPU, "9999bbbb2222", "2025-05-02T09:30:00+00:00", True),
+    ):
+        p = tmp_path / rid / "results.csv"
+        p.parent.mkdir()
+        write_csv(numerics_rows(_ctx(base, rid, when), fail_mm_bf16=fail), p)
+        paths.append(p)
+    return paths
+
+
+# ----------------------------------------------------------------------------------------------
+# a small HTML reader: well-formedness, tables, text
+
+VOID = {"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "source", "track", "wbr"}
+
+
+class Page(HTMLParser):
+    """Parses the report, checking every non-void element is closed in order; collects tables."""
+
+    def __init__(self, html: str):
+        super().__init__(convert_charrefs=True)
+        self.stack: list[str] = []
+        self.problems: list[str] = []
+        self.tables: list[dict] = []  # {"attrs": {...}, "rows": [[cell text, ...], ...]}
+        self.row_classes: list[list[str]] = []
+        self._cell: list[str] | None = None
+        self.ids: list[str] = []
+        self.sections: list[str] = []
+        self.text: list[str] = []
+        self.feed(html)
+        self.close()
+        if self.stack:
+            self.problems.append(f"unclosed: {self.stack}")
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        if "id" in a:
+            self.ids.append(a["id"])
+        if tag == "section" and "id" in a:
+            self.sections.append(a["id"])
+        if tag == "table":
+            self.tables.append({"attrs": a, "rows": [], "row_classes": []})
+        elif tag == "tr" and self.tables:
+            self.tables[-1]["rows"].append([])
+            self.tables[-1]["row_classes"].append(a.get("class", ""))
+        elif tag in ("td", "th"):
+            self._cell = []
+        if tag not in VOID:
+            self.stack.append(tag)
+
+    def handle_startendtag(self, tag, attrs):
+        a = dict(attrs)
+        if "id" in a:
+            self.ids.append(a["id"])
+
+    def handle_endtag(self, tag):
+        if tag in VOID:
+            return
+        if not self.stack or self.stack[-1] != tag:
+            self.problems.append(f"</{tag}> closes {self.stack[-1] if self.stack else 'nothing'}")
+            if tag in self.stack:
+                while self.stack and self.stack.pop() != tag:
+                    pass
+            return
+        self.stack.pop()
+        if tag in ("td", "th") and self._cell is not None and self.tables and self.tables[-1]["rows"]:
+            self.tables[-1]["rows"][-1].append(" ".join("".join(self._cell).split()))
+            self._cell = None
+
+    def handle_data(self, data):
+        self.text.append(data)
+        if self._cell is not None:
+            self._cell.append(data)
+
+    def table(self, cls: str) -> list[dict]:
+        return [t for t in self.tables if cls in t["attrs"].get("class", "").split()]
+
+
+def page_of(html: str) -> Page:
+    p = Page(html)
+    assert p.problems == [], p.problems[:5]
+    return p
+
+
+# ----------------------------------------------------------------------------------------------
+# tests
+
+
+def test_reports_never_import_torch():
+    code = "import sys, mystique.reports, mystique.cli.cmd_report; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_report_is_one_wellformed_offline_file(one_run: Path, tmp_path: Path):
+    out = render_report([one_run], tmp_path / "report.html")
+    html = out.read_text(encoding="utf-8")
+    page = page_of(html)
+    assert not re.search(r"https?://", html), re.search(r".{60}https?://.{60}", html)
+    assert not re.search(r"<(script|link|img|iframe|object)\b", html)  # nothing to load, nothing to run
+    assert not re.search(r"""\b(src|href)\s*=\s*["'](?!#)""", html)  # only in-page links
+    assert len(page.ids) == len(set(page.ids)), "duplicate element ids across charts"
+    assert html.count("<svg") >= 6  # replay x2, numerics, detection, pvf, overhead
+
+
+def test_verdict_devices_and_failures_come_first(one_run: Path):
+    inputs = load_inputs([one_run])
+    html = render_html(inputs)
+    page = page_of(html)
+    text = " ".join(" ".join(page.text).split())
+    # the verdict and the device are read first
+    assert text.index("FAIL") < text.index("Failures")
+    for field in ("cpu", "AMD EPYC 7B13", "2.13.0", "qual-01", "a1b2c3d4e5f6", "2025-05-01T10:00:00+00:00"):
+        assert field in text[: text.index("Failures")], field
+    assert page.sections[:2] == ["runs", "failures"]
+    # failures, each with what reproduces it, before any suite section
+    failing = inputs.results[inputs.results["status"] == "fail"]
+    assert len(failing) == 4
+    fail_html = html[html.index('id="failures"') : html.index('id="summary"')]
+    for r in failing.itertuples():
+        assert r.check in fail_html and r.subject in fail_html
+        assert r.detail.replace(">", "&gt;") in fail_html
+    assert "0.0078" in fail_html and "0.031" in fail_html  # value and bound of the numerics failure
+    assert html.index(FAILING_DETAIL.replace(">", "&gt;")) < html.index('id="suite-')
+
+
+def test_every_row_appears_in_its_suite_table(one_run: Path):
+    inputs = load_inputs([one_run])
+    page = page_of(render_html(inputs))
+    df = inputs.results
+    for suite, g in df.groupby("suite"):
+        tables = [t for t in page.table("results-all") if t["attrs"].get("data-suite") == suite]
+        assert len(tables) == 1, suite
+        body = tables[0]["rows"][1:]
+        assert len(body) == len(g), suite
+        for cells, r in zip(body, g.itertuples()):
+            assert (
+                cells[0] == r.check and cells[1] == r.subject and cells[2] == r.dtype and cells[3] == r.metric
+            )
+            assert cells[7] == r.status and cells[8] == r.detail
+            if math.isfinite(r.value):
+                assert float(cells[4]) == pytest.approx(r.value, rel=1e-3)
+            else:
+                assert cells[4] == ""
+
+
+def test_suite_sections_only_for_suites_with_rows(tmp_path: Path, one_run: Path):
+    only = tmp_path / "only_numerics.csv"
+    write_csv(numerics_rows(_ctx(CPU, "r1", "2025-05-01T10:00:00+00:00"), fail_mm_bf16=False), only)
+    page = page_of(render_html(load_inputs([only])))
+    assert [s for s in page.sections if s.startswith("suite-")] == ["suite-numerics"]
+    full = page_of(render_html(load_inputs([one_run])))
+    assert [s for s in full.sections if s.startswith("suite-")] == [
+        "suite-capture",
+        "suite-replay",
+        "suite-numerics",
+        "suite-soft_errors",
+        "suite-correctness",
+    ]
+
+
+def test_passing_run_says_pass(tmp_path: Path):
+    p = tmp_path / "results.csv"
+    write_csv(numerics_rows(_ctx(CPU, "r1", "2025-05-01T10:00:00+00:00"), fail_mm_bf16=False), p)
+    html = render_html(load_inputs(p))
+    assert 'id="verdict">PASS<' in html
+    assert "No check failed" in html
+
+
+def test_replay_section_from_summary_and_ops(one_run: Path):
+    html = render_html(load_inputs([one_run]))
+    page = page_of(html)
+    fid = page.table("fidelity")[0]["rows"]
+    assert fid[0][:4] == ["workload / benchmark", "original ms", "replay ms", "ratio"]
+    assert fid[1][0] == "llama:debug" and fid[1][1] == "0.61" and fid[1][2] == "0.66"
+    assert fid[1][3] == "1.08"  # the row's ratio wins over the summary's
+    assert "7 / 9" in fid[1] and "95.0%" in fid[1]
+    assert "aten::_fused_dropout×1" in fid[1][-1]
+    ops = page.table("ops")[0]["rows"]
+    assert ops[1][1] == "aten::mm" and ops[1][6] == "0.23"  # slowest op first, us converted to ms
+    assert len(ops) - 1 == len(OPS)
+    types = page.table("optypes")[0]["rows"]
+    assert types[1][:4] == ["aten::mm", "2", "0.33", "0.348"]
+    assert "Time by operator type" in html and "Original vs replay step time" in html
+
+
+def test_numerics_ratios_and_soft_error_intervals(one_run: Path):
+    page = page_of(render_html(load_inputs([one_run])))
+    num = page.table("numerics")[0]["rows"]
+    assert num[1][0] == "aten::mm" and num[1][1] == "bfloat16"  # the worst ratio leads
+    assert float(num[1][6]) == pytest.approx(0.031 / 7.8e-3, rel=1e-3)
+    assert len(num) - 1 == 7  # the skipped row has no value, so no ratio
+    det = {(r[0], r[1]): r for r in page.table("detection")[0]["rows"][1:]}
+    assert det[("abft_detection_rate", "mantissa_high")][4:7] == ["0.93", "0.862", "0.966"]
+    lo, hi = wilson_interval(40, 50)
+    dmr = det[("dmr_detection_rate", "exponent")]
+    assert (
+        dmr[3] == "50"
+        and float(dmr[5]) == pytest.approx(lo, rel=1e-3)
+        and float(dmr[6]) == pytest.approx(hi, rel=1e-3)
+    )
+    pvf = page.table("pvf")[0]["rows"]
+    assert [r[1] for r in pvf[1:]] == [
+        "lm_head",
+        "layers.0.attn.q_proj",
+        "layers.0.mlp.up_proj",
+        "layers.1.attn.o_proj",
+    ]
+    over = page.table("overheads")[0]["rows"]
+    assert over[1][1] == "aten::mm 256x256" and over[1][7] == "fail"
+    div = page.table("divergence")[0]["rows"]
+    assert div[1][0] == "fail" and "aten::addmm #17" in div[1][-1]
+
+
+def test_two_runs_show_deltas_and_status_change(two_numerics: list[Path]):
+    inputs = load_inputs(two_numerics)
+    html = render_html(inputs)
+    page = page_of(html)
+    assert "comparison" in page.sections
+    rows = page.table("comparison")[0]["rows"]
+    header = rows[0]
+    assert header[5:] == ["[1] value", "[2] value", "[2] Δ", "[2] Δ%"]
+    first = rows[1]
+    assert page.table("comparison")[0]["row_classes"][1] == "worse"  # the pass→fail change leads
+    assert first[1:5] == ["op_error_vs_fp64", "aten::mm", "bfloat16", "max_rel_error"]
+    assert first[5] == "0.0039 pass" and first[6] == "0.031 fail"
+    assert float(first[7]) == pytest.approx(0.031 - 0.0039, rel=1e-3)
+    assert first[8] == "+695%"
+    assert "pass → fail" in html
+    for dev in ("AMD EPYC 7B13", "NVIDIA H100 80GB HBM3"):
+        assert dev in html
+    assert len(rows) == 2  # only the row that differs is in the first table
+    # identical rows are tucked away, with a zero delta
+    same_rows = page.table("same")[0]["rows"]
+    assert len(same_rows) - 1 == len(inputs.results) // 2 - 1
+    same = [r for r in same_rows[1:] if r[2] == "aten::softmax" and r[3] == "float16"][0]
+    assert same[7] == "0" and same[8] == "+0%"
+
+
+def test_compare_runs_joins_on_key_and_baselines_oldest(two_numerics: list[Path]):
+    df = read_csv(two_numerics)
+    table = runs(df)
+    assert list(table["device"]) == ["cpu", "cuda"]
+    comp = compare_runs(df, table)
+    assert len(comp) == 2 * len(df) // 2
+    worse = comp[comp["worsened"]]
+    assert len(worse) == 1 and worse.iloc[0]["subject"] == "aten::mm" and worse.iloc[0]["run_no"] == 2
+    assert comp.iloc[0]["key_changed"]
+    base = comp[comp["is_baseline"]]
+    assert (base["delta"].fillna(0) == 0).all() and (base["run_no"] == 1).all()
+    # a single run has nothing to compare
+    assert compare_runs(read_csv(two_numerics[0])).empty
+
+
+def test_status_counts_by_suite(one_run: Path):
+    df = load_inputs(one_run).results
+    c = status_counts(df).set_index("suite")
+    assert (
+        c.loc["numerics", "fail"] == 1 and c.loc["numerics", "skip"] == 1 and c.loc["numerics", "pass"] == 6
+    )
+    assert (c["total"] == df.groupby("suite").size().reindex(c.index)).all()
+
+
+@given(n=st.integers(0, 10_000), data=st.data(), z=st.sampled_from([1.0, 1.959963984540054, 2.576]))
+def test_wilson_interval_contains_estimate_within_unit(n, data, z):
+    k = data.draw(st.integers(0, n))
+    lo, hi = wilson_interval(k, n, z)
+    assert 0.0 <= lo <= hi <= 1.0
+    if n:
+        assert lo <= k / n <= hi
+        # symmetric: failures' interval mirrors successes'
+        lo2, hi2 = wilson_interval(n - k, n, z)
+        assert lo2 == pytest.approx(1 - hi, abs=1e-12) and hi2 == pytest.approx(1 - lo, abs=1e-12)
+    else:
+        assert (lo, hi) == (0.0, 1.0)
+
+
+def test_wilson_interval_known_value():
+    # 81 of 263: Wilson 95% interval (0.2553, 0.3662), as published in Newcombe (1998), example (i)
+    lo, hi = wilson_interval(81, 263)
+    assert lo == pytest.approx(0.2553, abs=1e-4) and hi == pytest.approx(0.3662, abs=1e-4)
+
+
+def test_text_is_escaped(tmp_path: Path):
+    r = Results(_ctx(CPU, "r1", "2025-05-01T10:00:00+00:00"), "onnx")
+    r.add("export_ok", "<script>alert(1)</script>", "ops", 3, status="fail", detail="a & b <i>x</i> $x$")
+    p = tmp_path / "results.csv"
+    write_csv(r.frame(), p)
+    html = render_html(load_inputs(p))
+    page_of(html)
+    assert "<script>" not in html and "&lt;script&gt;" in html and "a &amp; b &lt;i&gt;" in html
+    assert 'id="suite-onnx"' in html  # any other suite gets the generic table
+
+
+def test_report_is_deterministic(one_run: Path):
+    inputs = load_inputs(one_run)
+    assert render_html(inputs) == render_html(inputs)
+
+
+def test_bad_inputs_are_one_line_usage_errors(tmp_path: Path, one_run: Path):
+    empty = tmp_path / "empty.csv"
+    empty.write_text("")
+    wrong = tmp_path / "wrong.csv"
+    wrong.write_text("a,b\n1,2\n")
+    no_csv = tmp_path / "nothing_here"
+    no_csv.mkdir()
+    bad_summary = tmp_path / "bad_summary"
+    write_replay_dir(bad_summary, _ctx(CPU, "r1", "2025-05-01T10:00:00+00:00"))
+    (bad_summary / "summary.json").write_text("{not json")
+    bad_ops = tmp_path / "bad_ops"
+    write_replay_dir(bad_ops, _ctx(CPU, "r1", "2025-05-01T10:00:00+00:00"))
+    (bad_ops / "ops.csv").write_text("name,original_us\naten::mm,3\n")
+    for bad, words in (
+        (tmp_path / "missing.csv", "does not exist"),
+        (empty, "not a results CSV"),
+        (wrong, "lacks column"),
+        (no_csv, "holds no results.csv"),
+        (bad_summary, "not a replay summary"),
+        (bad_ops, "replay time column"),
+    ):
+        with pytest.raises(UsageError) as err:
+            render_report([bad], tmp_path / "r.html")
+        assert words in str(err.value) and "\n" not in str(err.value)
+        assert not (tmp_path / "r.html").exists()
+
+
+def test_existing_report_needs_force(one_run: Path, tmp_path: Path):
+    out = tmp_path / "report.html"
+    out.write_text("keep me")
+    with pytest.raises(UsageError, match="--force"):
+        render_report([one_run], out)
+    assert out.read_text() == "keep me"
+    render_report([one_run], out, force=True)
+    assert out.read_text().startswith("<!DOCTYPE html>")
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temporary left
+
+
+def test_cli_report(one_run: Path, tmp_path: Path, capsys):
+    out = tmp_path / "out" / "report.html"
+    assert (
+        main(
+            [
+                "report",
+                str(one_run / "numerics" / "results.csv"),
+                str(one_run / "replay"),
+                "-o",
+                str(out),
+                "--title",
+                "Nightly qualification",
+            ]
+        )
+        == 0
+    )
+    html = out.read_text()
+    assert "<title>Nightly qualification: FAIL</title>" in html
+    assert 'id="suite-replay"' in html and 'id="suite-numerics"' in html and 'id="suite-capture"' not in html
+    assert main(["report", str(one_run), "-o", str(out)]) == 2  # exists, no --force
+    assert "--force" in capsys.readouterr().err
+    assert main(["report", str(one_run), "-o", str(out), "--force"]) == 0
+    assert 'id="suite-capture"' in out.read_text()
+
+
+def test_cli_bad_input_exits_2_with_one_line(tmp_path: Path, capsys):
+    wrong = tmp_path / "wrong.csv"
+    wrong.write_text("run_id,suite\nx,numerics\n")
+    assert main(["report", str(wrong), "-o", str(tmp_path / "r.html")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("mystique: error:") and "lacks column" in err and len(err.splitlines()) == 1
+    assert main(["report", str(tmp_path / "nope.csv"), "-o", str(tmp_path / "r.html")]) == 2
+    assert not (tmp_path / "r.html").exists()
+
+
+def test_header_only_results_render_no_results(tmp_path: Path):
+    p = tmp_path / "results.csv"
+    write_csv(Results(_ctx(CPU, "r1", "2025-05-01T10:00:00+00:00"), "numerics").frame(), p)
+    html = render_html(load_inputs(p))
+    page_of(html)
+    assert 'id="verdict">NO RESULTS<' in html and 'id="suite-' not in html
+
+
+def test_render_html_takes_a_results_frame(tmp_path: Path):
+    frame = numerics_rows(_ctx(CPU, "r1", "2025-05-01T10:00:00+00:00"), fail_mm_bf16=True)
+    html = render_html(frame, title="From a frame")
+    assert "<title>From a frame: FAIL</title>" in html and FAILING_DETAIL.replace(">", "&gt;") in html
+    with pytest.raises(ValueError, match="lacks column"):
+        render_html(frame.drop(columns=["detail"]))

@@ -1,0 +1,151 @@
+"""Protect every Linear, Embedding and EmbeddingBag of a model with checksums during a run.
+
+``with protect(model) as guard: model(batch)`` installs forward hooks that verify each output
+against checksums computed from the inputs and cached weight checksums (recomputed when a weight
+changes, e.g. after an optimizer step); ``guard.alarms`` lists the detections and ``guard.checks``
+counts the verified calls. The hooks never change an output.
+
+Linear layers are verified at the precision of their output: fp32 layers with the fp32 GEMM bound;
+bf16/fp16 layers (whose fp32 accumulator is gone once the hook sees the output) with the output's
+rounding allowed (the ``check_rounded`` bound of :mod:`.abft`), which is weaker. Use
+:func:`.abft.checked_linear` where accumulator-level checking of a bf16 layer is needed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from . import abft
+
+
+@dataclass
+class Alarm:
+    module: str
+    kind: str
+    call: int
+    report: abft.CheckReport
+
+    def describe(self) -> str:
+        return f"{self.module} ({self.kind}) call {self.call}: {self.report.describe()}"
+
+
+@dataclass
+class Guard:
+    """Handle of :func:`protect`: counts, alarms, the largest clean ratio, and ``remove()``."""
+
+    checks: int = 0
+    alarms: list[Alarm] = field(default_factory=list)
+    max_ratio: float = 0.0
+    unchecked: int = 0
+    handles: list[Any] = field(default_factory=list)
+    per_module: dict[str, int] = field(default_factory=dict)
+
+    def remove(self) -> None:
+        for h in self.handles:
+            h.remove()
+        self.handles.clear()
+
+    def __enter__(self) -> Guard:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.remove()
+
+    def record(self, name: str, kind: str, rep: abft.CheckReport) -> None:
+        self.checks += 1
+        self.per_module[name] = self.per_module.get(name, 0) + 1
+        if not rep.checked:
+            self.unchecked += 1
+        if rep.alarm:
+            self.alarms.append(Alarm(name, kind, self.per_module[name], rep))
+        elif rep.max_ratio > self.max_ratio:
+            self.max_ratio = rep.max_ratio
+
+
+class _WeightCache:
+    def __init__(self) -> None:
+        self.key: tuple[Any, ...] | None = None
+        self.value: Any = None
+
+    def get(self, key: tuple[Any, ...], make: Any) -> Any:
+        if key != self.key:
+            self.value = make()
+            self.key = key
+        return self.value
+
+
+def _key(*ts: torch.Tensor | None) -> tuple[Any, ...]:
+    return tuple((t.data_ptr(), t._version, t.dtype, t.device) if t is not None else None for t in ts)
+
+
+def _linear_hook(guard: Guard, name: str, lam: float | None):
+    cache = _WeightCache()
+
+    def hook(mod: nn.Linear, inputs: tuple[Any, ...], output: torch.Tensor) -> None:
+        x = inputs[0]
+        if not isinstance(x, torch.Tensor) or not isinstance(output, torch.Tensor) or not x.is_floating_point():
+            return
+        with torch.no_grad():
+            w = mod.weight
+            bias = mod.bias
+
+            def make() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+                w32 = w.detach().float()
+                return w32, w32.sum(0), (bias.detach().float() if bias is not None else None)
+
+            w32, wsum, b32 = cache.get(_key(w, bias), make)
+            x2 = x.detach().reshape(-1, x.shape[-1]).float()
+            y2 = output.detach().reshape(-1, output.shape[-1]).float()
+            enc = abft.encode_gemm(x2, w32.t(), "both", bias=b32)
+            u_out = abft.UNIT_ROUNDOFF[output.dtype] if output.dtype != torch.float32 else 0.0
+            rep = abft.verify_gemm(enc, y2, dtype=output.dtype, lam=lam, u=abft.UNIT_ROUNDOFF[torch.float32],
+                                   u_out=u_out, op="linear")
+            guard.record(name, "linear", rep)
+
+    return hook
+
+
+def _embedding_hook(guard: Guard, name: str, lam: float | None, bag: bool):
+    cache = _WeightCache()
+
+    def hook(mod: nn.Module, inputs: tuple[Any, ...], output: torch.Tensor) -> None:
+        if not isinstance(output, torch.Tensor) or not output.is_floating_point():
+            return
+        with torch.no_grad():
+            w = mod.weight
+            checks = cache.get(_key(w), lambda: abft.embedding_checks_table(w))
+            indices = inputs[0]
+            offsets = inputs[1] if len(inputs) > 1 and bag else None
+            psw = inputs[2] if len(inputs) > 2 and bag else None
+            mode = getattr(mod, "mode", "sum") if bag else "none"
+            if bag and getattr(mod, "include_last_offset", False) and offsets is not None:
+                offsets = offsets[:-1]
+            if bag and getattr(mod, "padding_idx", None) is not None:
+                guard.unchecked += 1
+                return
+            u_out = abft.UNIT_ROUNDOFF[output.dtype] if output.dtype != torch.float32 else 0.0
+            rep = abft.verify_embedding_output(output.detach(), checks, indices, offsets, mode, psw, lam=lam,
+                                               u_out=u_out, op="embedding_bag" if bag else "embedding")
+            guard.record(name, "embedding_bag" if bag else "embedding", rep)
+
+    return hook
+
+
+def protect(model: nn.Module, *, lam: float | None = None, linear: bool = True, embeddings: bool = True) -> Guard:
+    """Install checksum hooks on every Linear / Embedding / EmbeddingBag of ``model``.
+
+    Returns a :class:`Guard` (a context manager that removes the hooks on exit).
+    """
+    guard = Guard()
+    for name, mod in model.named_modules():
+        if linear and isinstance(mod, nn.Linear):
+            guard.handles.append(mod.register_forward_hook(_linear_hook(guard, name, lam)))
+        elif embeddings and isinstance(mod, nn.EmbeddingBag):
+            guard.handles.append(mod.register_forward_hook(_embedding_hook(guard, name, lam, True)))
+        elif embeddings and isinstance(mod, nn.Embedding):
+            guard.handles.append(mod.register_forward_hook(_embedding_hook(guard, name, lam, False)))
+    return guard
