@@ -540,8 +540,10 @@ class PlanModule(nn.Module):
     integer or bool dtype are the forward's inputs (``self.input_ids``), floating ones buffers.
     A tensor the plan derives from an earlier op's storage is an ``as_strided`` view of that op's
     output. The outputs of ops the plan skips, and results that disagree with the recorded shape
-    or dtype, become constant buffers filled by the same recipes; :attr:`substituted` lists each
-    with the reason. The forward returns the tensors produced and never read again.
+    or dtype, or ops that fail on the CPU with the plan's synthetic data (as the replay skips
+    them), become constant buffers filled by the same recipes; :attr:`substituted` lists each
+    with the reason. The forward returns the floating tensors produced and never read again
+    (every such tensor when none is floating).
     """
 
     def __init__(self, plan: dict[str, Any], seed: int = 0, float_inputs: bool = False) -> None:
@@ -554,6 +556,7 @@ class PlanModule(nn.Module):
         self.storages = {s["id"]: s for s in plan["storages"]}
         self.ops = [op for op in plan["ops"] if op.get("action", "call") != "noop"]
         self.substituted: list[dict[str, Any]] = []
+        self._eager = False
         gen_state = torch.random.get_rng_state()
         torch.manual_seed(seed)
         try:
@@ -635,12 +638,13 @@ class PlanModule(nn.Module):
                     produced[tid] = op["index"]
         self.output_ids = [t for t, at in produced.items() if consumers.get(t, -1) <= at]
 
-    def _substitute(self, tid: int, op: dict[str, Any], reason: str) -> None:
+    def _substitute(self, tid: int, op: dict[str, Any] | None, reason: str) -> None:
         name = f"s{tid}"
         if hasattr(self, name):
             return
         self.register_buffer(name, self._synth(tid))
-        self.substituted.append({"op": op["op"], "index": op["index"], "tensor": tid, "reason": reason})
+        self.substituted.append({"op": op["op"] if op else "", "index": op["index"] if op else None,
+                                 "tensor": tid, "reason": reason})
 
     def _value(self, env: dict[int, torch.Tensor], tid: int) -> torch.Tensor:
         if tid in env:
@@ -657,6 +661,10 @@ class PlanModule(nn.Module):
                 strides = t.get("strides") or self._ex.contiguous_strides(shape)
                 if off >= 0 and self._ex._extent(shape, strides, off) <= base.numel():
                     return base.contiguous().as_strided(shape, strides, off)
+        if self._eager:
+            self._substitute(tid, None, "derived from a storage no earlier result can hold (as the replay "
+                                        "does, it is synthesised)")
+            return getattr(self, f"s{tid}")
         raise UsageError(f"benchmark tensor {tid} ({t['dtype']}{t['shape']}) is read before any operator "
                          "produces it; the plan cannot be exported")
 
@@ -689,15 +697,22 @@ class PlanModule(nn.Module):
         env: dict[int, torch.Tensor] = dict(zip(self.input_ids, self.example_inputs))
         for tid in self._buffer_ids:
             env[tid] = getattr(self, f"t{tid}")
+        failed: set[int] = set()
+        self._eager = True
         with torch.no_grad():
             for fn, args, kwargs, outs, op in self._steps:
                 call_args = _fill(args, lambda tid: self._value(env, tid))
                 call_kwargs = {k: _fill(v, lambda tid: self._value(env, tid)) for k, v in kwargs.items()}
                 try:
                     res = fn(*call_args, **call_kwargs)
-                except Exception as exc:  # noqa: BLE001
-                    raise UsageError(f"benchmark op {op['index']} ({op['op']}) fails on the CPU: "
-                                     f"{type(exc).__name__}: {_first_line(exc)}") from exc
+                except Exception as exc:  # noqa: BLE001 - as the replay does: skipped, its outputs synthesised
+                    failed.add(op["index"])
+                    for tid in outs:
+                        if tid is not None:
+                            self._substitute(tid, op, f"fails on the CPU with the plan's data: "
+                                                      f"{type(exc).__name__}: {_first_line(exc, 160)}")
+                            env[tid] = getattr(self, f"s{tid}")
+                    continue
                 flat: list[Any] = []
                 self._ex.Executor._flatten_result(res, flat)
                 if len(flat) != len(outs):
@@ -714,7 +729,12 @@ class PlanModule(nn.Module):
                         self._substitute(tid, op, f"result {got} disagrees with the recorded "
                                                   f"{t['dtype']}{t['shape']}")
                         env[tid] = getattr(self, f"s{tid}")
+        self._eager = False
+        self._steps = [step for step in self._steps if step[4]["index"] not in failed]
         self.output_ids = [t for t in self.output_ids if not hasattr(self, f"s{t}")]
+        floating = [t for t in self.output_ids if self._ex.dtype_from_name(self.tensors[t]["dtype"]).is_floating_point]
+        if floating:  # the results, not the index bookkeeping of ops such as embedding_bag
+            self.output_ids = floating
 
 
 def _numel(shape: Sequence[int]) -> int:
@@ -758,8 +778,11 @@ def export_benchmark(plan_or_bench_dir: Any, out_path: str | os.PathLike, *, see
     """
     require()
     module = benchmark_module(plan_or_bench_dir, seed=seed, float_inputs=float_inputs)
-    meta = module.plan.get("metadata", {})
-    subject = str(meta.get("source") or Path(str(plan_or_bench_dir)).name or "benchmark")
+    if isinstance(plan_or_bench_dir, (str, os.PathLike)):
+        p = Path(plan_or_bench_dir).resolve()
+        subject = p.parent.name if p.is_file() else p.name
+    else:
+        subject = str(module.plan.get("metadata", {}).get("source") or "benchmark")
     report = export_module(module, module.example_inputs, out_path,
                            input_names=[f"input_{t}" for t in module.input_ids],
                            output_names=[f"output_{t}" for t in module.output_ids],

@@ -159,15 +159,23 @@ def ratio_bars(
     xlabel: str = "value / threshold",
     uid: str = "c0",
 ) -> str:
-    """Horizontal bars of ratios on a log axis with the bound (1) marked; bars coloured by status."""
+    """Horizontal bars of ratios on a log axis with the bound (1) marked; bars coloured by status.
+
+    Zero ratios are drawn at the axis floor; infinite or NaN ratios (an error that overflowed or a
+    NaN result) run to the right edge, labelled ``inf`` / ``nan``.
+    """
     r = np.asarray(ratios, dtype=float)
-    positive = r[r > 0]
+    finite = np.isfinite(r)
+    positive = r[finite & (r > 0)]
     floor = positive.min() / 2 if len(positive) else 1e-3
-    shown = np.where(r > 0, r, floor)
+    cap = max(10.0, positive.max() * 4 if len(positive) else 10.0)
+    shown = np.where(finite, np.where(r > 0, r, floor), cap)
     with matplotlib.rc_context(_RC):
         fig, ax = _figure(len(labels))
         colors = [STATUS_COLORS.get(s, "#607d8b") for s in statuses]
         ax.barh(range(len(labels)), shown, color=colors, height=0.65, left=0)
+        for i in np.flatnonzero(~finite):
+            ax.text(cap, i, " nan" if np.isnan(r[i]) else " inf", va="center", fontsize=7, color="#c62828")
         ax.set_xscale("log")
         ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))
         ax.xaxis.set_minor_formatter(NullFormatter())

@@ -37,6 +37,12 @@ SUITE_TITLES = {
     "distributed": "Distributed",
 }
 _FIDELITY = ("original_step_ms", "replay_step_ms", "ratio", "coverage", "coverage_by_time")
+#: replay rows whose (check, metric) carry a fidelity figure under another name
+_REPLAYED = ("", "replayed", "ok", "pass")
+_FIDELITY_ALIASES = {
+    ("replay_step_time", "median_ms"): "replay_step_ms",
+    ("original_step_time", "median_ms"): "original_step_ms",
+}
 _CI_SUFFIXES = ("_ci_low", "_ci_high")
 _TRIALS = re.compile(r"\btrials\s*[=:]\s*(\d+)")
 
@@ -222,7 +228,7 @@ def _replay_blocks(
     run_no = {(r.run_id, r.device): r.run for r in run_table.itertuples()}
     entries: dict[tuple[Any, str], dict[str, Any]] = {}
     for r in df.itertuples():
-        key = r.metric if r.metric in _FIDELITY else (r.check if r.check in _FIDELITY else None)
+        key = r.metric if r.metric in _FIDELITY else _FIDELITY_ALIASES.get((r.check, r.metric))
         if key is None:
             continue
         e = entries.setdefault((r.run_no, r.subject), {"run": r.run_no, "subject": r.subject})
@@ -370,16 +376,16 @@ def _replay_blocks(
                     caption=f"Top {len(by_type)} operator types of {ops['name'].nunique()} by time",
                 )
             )
-            top = ops.assign(key=ops[["original_ms", "replay_ms"]].max(axis=1))
-            top = top.sort_values("key", ascending=False, kind="stable").head(TOP_OPS)
+            timed = ops.assign(key=ops[["original_ms", "replay_ms"]].max(axis=1)).dropna(subset=["key"])
+            top = timed.sort_values("key", ascending=False, kind="stable").head(TOP_OPS)
             body = [
                 row(
                     [
                         num(o.index),
                         cell(o.name, code=True),
-                        cell(o.overload),
-                        cell(o.input_shapes, "detail"),
-                        cell(o.input_dtypes, "detail"),
+                        cell(_overload(o.name, o.overload)),
+                        cell(_compact(o.input_shapes), "detail"),
+                        cell(_compact(o.input_dtypes), "detail"),
                         num(o.original_ms),
                         num(o.replay_ms),
                         num(_ratio(o.replay_ms, o.original_ms)),
@@ -402,18 +408,36 @@ def _replay_blocks(
                     ],
                     body,
                     cls="ops",
-                    caption=f"Top {len(top)} of {len(ops)} replayed operators by time",
+                    caption=f"Top {len(top)} of {len(timed)} timed operators by time",
                 )
             )
+            missed = ops[~ops["status"].isin(_REPLAYED)]
+            if len(missed):
+                body = [
+                    row([num(o.index), cell(o.name, code=True), cell(o.status), cell(o.reason, "detail")])
+                    for o in missed.head(TOP_OPS * 2).itertuples()
+                ]
+                more = f" (first {len(body)})" if len(missed) > len(body) else ""
+                blocks.append(
+                    table(
+                        [("#", "num"), "operator", "status", "reason"],
+                        body,
+                        cls="not-replayed",
+                        caption=f"{len(missed)} operators not replayed{more}",
+                    )
+                )
     return blocks
 
 
 def _numerics_blocks(df: pd.DataFrame, multi: bool, ids: _Ids) -> list[dict[str, Any]]:
-    bounded = df[np.isfinite(df["value"]) & np.isfinite(df["threshold"]) & (df["threshold"] > 0)].copy()
+    # rows held to a positive bound with a measured value; NaN/inf values count when they failed
+    measured = df["value"].notna() | (df["status"] == "fail")
+    bounded = df[measured & np.isfinite(df["threshold"]) & (df["threshold"] > 0)].copy()
     if not len(bounded):
         return []
     bounded["ratio"] = bounded["value"] / bounded["threshold"]
-    bounded = bounded.sort_values("ratio", ascending=False, kind="stable")
+    bounded["_rank"] = bounded["ratio"].fillna(math.inf)
+    bounded = bounded.sort_values("_rank", ascending=False, kind="stable")
     shown = bounded.head(charts.MAX_BARS)
     labels = [_label(r.run_no, multi, r.subject, r.dtype, r.metric) for r in shown.itertuples()]
     more = f" The {len(shown)} largest of {len(bounded)} are drawn." if len(bounded) > len(shown) else ""
@@ -676,6 +700,16 @@ _SUITE_BLOCKS = {
 
 # ----------------------------------------------------------------------------------------------
 # page
+
+
+def _overload(name: str, overload: str) -> str:
+    """The overload without the operator name it repeats (``aten::mm.default`` of ``aten::mm`` -> ``default``)."""
+    return overload[len(name) + 1 :] if overload.startswith(name + ".") else overload
+
+
+def _compact(meta: str) -> str:
+    """Shapes or dtypes lists without quotes and with one space after commas, for narrow cells."""
+    return re.sub(r",\s*", ", ", meta.replace('"', "").replace("'", ""))
 
 
 def _finite(v: Any) -> bool:

@@ -32,6 +32,8 @@ OPS_COLUMNS: tuple[str, ...] = (
     "input_dtypes",
     "original_ms",
     "replay_ms",
+    "status",
+    "reason",
 )
 _NAME_ALIASES = ("name", "op", "op_name", "operator")
 _INDEX_ALIASES = ("index", "idx", "op_index", "id")
@@ -122,7 +124,7 @@ def read_ops(path: Path) -> pd.DataFrame:
     """Read a replay ops.csv into the columns of :data:`OPS_COLUMNS` (times converted to ms).
 
     Accepted source columns: ``name`` (or ``op``), optional ``index``, ``overload``,
-    ``input_shapes``, ``input_dtypes``, and time columns named ``original[_...]_<unit>`` /
+    ``input_shapes``, ``input_dtypes``, ``status`` (replayed, skipped, ...), ``reason``, and time columns named ``original[_...]_<unit>`` /
     ``replay[_...]_<unit>`` with unit ``s``, ``ms``, ``us`` or ``ns`` (e.g. ``replay_ms``,
     ``original_time_us``). A replay time column is required. UsageError on anything else.
     """
@@ -154,6 +156,8 @@ def read_ops(path: Path) -> pd.DataFrame:
         ("overload", _OVERLOAD_ALIASES),
         ("input_shapes", _SHAPES_ALIASES),
         ("input_dtypes", _DTYPES_ALIASES),
+        ("status", ("status", "state")),
+        ("reason", ("reason", "skip_reason")),
     ):
         src = _pick(cols, aliases)
         out[dest] = raw[src].astype(str) if src else ""

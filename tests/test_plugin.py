@@ -8,7 +8,20 @@ import xml.etree.ElementTree as ET
 
 import pandas as pd
 import pytest
+import torch  # noqa: F401
 
+import mystique.fault_modes  # noqa: F401
+import mystique.results  # noqa: F401
+import mystique.targets  # noqa: F401
+
+try:
+    import mystique.reports  # noqa: F401
+except ImportError:
+    pass
+
+# The inner sessions run in this process (pytester.runpytest), and pytester drops the modules a
+# session imported when it ends; torch and what imports it are imported here, once, because a
+# C extension imported a second time crashes the process.
 pytest_plugins = ["pytester"]
 
 # A stand-in validator with the contract: groups alpha (passes) and beta (fails) at every level,

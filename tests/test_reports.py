@@ -15,6 +15,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from mystique.reports import (
+    ReportInputs,
     compare_runs,
     load_inputs,
     render_html,
@@ -174,37 +175,85 @@ def capture_rows(ctx: RunContext) -> pd.DataFrame:
 
 
 def replay_rows(ctx: RunContext) -> pd.DataFrame:
+    """Rows like `mystique replay` writes (mystique/replay/run.py)."""
     r = Results(ctx, "replay")
-    r.add("replay_fidelity", "llama:debug", "ratio", 1.08, status="pass", threshold=1.5)
-    r.add("replay_fidelity", "llama:debug", "coverage", 0.97, status="pass", threshold=0.9)
+    r.add(
+        "replay_coverage",
+        "llama:debug",
+        "coverage",
+        7 / 9,
+        status="pass",
+        threshold=1.0,
+        detail="compute ops replayed 7/7; 2 collectives skipped",
+    )
+    r.add("replay_coverage_by_time", "llama:debug", "coverage_by_time", 0.95, status="pass")
+    r.add(
+        "replay_step_time",
+        "llama:debug",
+        "median_ms",
+        0.66,
+        status="pass",
+        unit="ms",
+        detail="median of 10 whole iterations after 3 warm-up; seed 0",
+    )
+    r.add(
+        "replay_step_time_ratio",
+        "llama:debug",
+        "ratio",
+        1.08,
+        status="pass",
+        threshold=1.1,
+        detail="replay 0.660 ms / original 0.610 ms; pass within 0.90-1.10; seed 0",
+    )
     return r.frame()
 
 
 OPS = [
-    # index, name, overload, shapes, dtypes, original_us, replay_us
-    (0, "aten::embedding", "", "[[32000, 64], [2, 16]]", "[float32, int64]", 40.0, 45.0),
-    (1, "aten::mm", "", "[[32, 64], [64, 192]]", "[float32, float32]", 210.0, 230.0),
-    (2, "aten::softmax", "int", "[[2, 4, 16, 16]]", "[float32]", 35.0, 33.0),
-    (3, "aten::mm", "", "[[32, 64], [64, 64]]", "[float32, float32]", 120.0, 118.0),
-    (4, "aten::gelu", "", "[[32, 256]]", "[float32]", 25.0, 60.0),
-    (5, "aten::layer_norm", "", "[[2, 16, 64]]", "[float32]", 30.0, 31.0),
-    (6, "aten::add", "Tensor", "[[2, 16, 64], [2, 16, 64]]", "[float32, float32]", 8.0, 9.0),
+    # index, name, overload, shapes, dtypes, original_us, replay_us, status, reason
+    (0, "aten::embedding", "", "[[32000, 64], [2, 16]]", "[float32, int64]", 40.0, 45.0, "replayed", ""),
+    (
+        1,
+        "aten::mm",
+        "aten::mm.default",
+        "[[32,64],[64,192]]",
+        '["float32","float32"]',
+        210.0,
+        230.0,
+        "replayed",
+        "",
+    ),
+    (2, "aten::softmax", "int", "[[2, 4, 16, 16]]", "[float32]", 35.0, 33.0, "replayed", ""),
+    (3, "aten::mm", "", "[[32, 64], [64, 64]]", "[float32, float32]", 120.0, 118.0, "replayed", ""),
+    (4, "aten::gelu", "", "[[32, 256]]", "[float32]", 25.0, 60.0, "replayed", ""),
+    (5, "aten::layer_norm", "", "[[2, 16, 64]]", "[float32]", 30.0, 31.0, "replayed", ""),
+    (6, "aten::add", "Tensor", "[[2, 16, 64], [2, 16, 64]]", "[float32, float32]", 8.0, 9.0, "replayed", ""),
+    (7, "c10d::allreduce_", "", "[[64]]", "[float32]", 12.0, None, "skipped", "collective"),
+    (8, "aten::randperm", "", "[]", "[]", None, None, "skipped", "no synthetic data recipe"),
+]
+OPS_HEADER = [
+    "index",
+    "name",
+    "overload",
+    "input_shapes",
+    "input_dtypes",
+    "original_us",
+    "replay_us",
+    "status",
+    "reason",
 ]
 
 
 def write_replay_dir(folder: Path, ctx: RunContext) -> None:
     folder.mkdir(parents=True)
     write_csv(replay_rows(ctx), folder / "results.csv")
-    ops = pd.DataFrame(
-        OPS, columns=["index", "name", "overload", "input_shapes", "input_dtypes", "original_us", "replay_us"]
-    )
+    ops = pd.DataFrame(OPS, columns=OPS_HEADER)
     ops.to_csv(folder / "ops.csv", index=False)
     (folder / "summary.json").write_text(
         json.dumps(
             {
                 "ops_total": 9,
                 "ops_replayed": 7,
-                "ops_skipped": {"aten::_fused_dropout": 1, "aten::randperm": 1},
+                "ops_skipped": {"c10d::allreduce_": 1, "aten::randperm": 1},
                 "coverage": 7 / 9,
                 "coverage_by_time": 0.95,
                 "original_step_ms": 0.61,
@@ -231,9 +280,19 @@ def make_run(root: Path, base: dict, run_id: str, started_at: str, *, fail_mm_bf
     return root
 
 
-@pytest.fixture
-def one_run(tmp_path: Path) -> Path:
-    return make_run(tmp_path / "run_cpu", CPU, "a1b2c3d4e5f6", "2025-05-01T10:00:00+00:00")
+@pytest.fixture(scope="module")
+def one_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A failing CPU run of every suite (read only: tests write their outputs elsewhere)."""
+    return make_run(
+        tmp_path_factory.mktemp("one") / "run_cpu", CPU, "a1b2c3d4e5f6", "2025-05-01T10:00:00+00:00"
+    )
+
+
+@pytest.fixture(scope="module")
+def one_run_page(one_run: Path) -> tuple[ReportInputs, str]:
+    """The inputs of :func:`one_run` and their rendered page, rendered once for the module."""
+    inputs = load_inputs([one_run])
+    return inputs, render_html(inputs)
 
 
 @pytest.fixture
@@ -346,9 +405,8 @@ def test_report_is_one_wellformed_offline_file(one_run: Path, tmp_path: Path):
     assert html.count("<svg") >= 6  # replay x2, numerics, detection, pvf, overhead
 
 
-def test_verdict_devices_and_failures_come_first(one_run: Path):
-    inputs = load_inputs([one_run])
-    html = render_html(inputs)
+def test_verdict_devices_and_failures_come_first(one_run_page):
+    inputs, html = one_run_page
     page = page_of(html)
     text = " ".join(" ".join(page.text).split())
     # the verdict and the device are read first
@@ -367,9 +425,9 @@ def test_verdict_devices_and_failures_come_first(one_run: Path):
     assert html.index(FAILING_DETAIL.replace(">", "&gt;")) < html.index('id="suite-')
 
 
-def test_every_row_appears_in_its_suite_table(one_run: Path):
-    inputs = load_inputs([one_run])
-    page = page_of(render_html(inputs))
+def test_every_row_appears_in_its_suite_table(one_run_page):
+    inputs, html = one_run_page
+    page = page_of(html)
     df = inputs.results
     for suite, g in df.groupby("suite"):
         tables = [t for t in page.table("results-all") if t["attrs"].get("data-suite") == suite]
@@ -387,12 +445,12 @@ def test_every_row_appears_in_its_suite_table(one_run: Path):
                 assert cells[4] == ""
 
 
-def test_suite_sections_only_for_suites_with_rows(tmp_path: Path, one_run: Path):
+def test_suite_sections_only_for_suites_with_rows(tmp_path: Path, one_run_page):
     only = tmp_path / "only_numerics.csv"
     write_csv(numerics_rows(_ctx(CPU, "r1", "2025-05-01T10:00:00+00:00"), fail_mm_bf16=False), only)
     page = page_of(render_html(load_inputs([only])))
     assert [s for s in page.sections if s.startswith("suite-")] == ["suite-numerics"]
-    full = page_of(render_html(load_inputs([one_run])))
+    full = page_of(one_run_page[1])
     assert [s for s in full.sections if s.startswith("suite-")] == [
         "suite-capture",
         "suite-replay",
@@ -410,25 +468,31 @@ def test_passing_run_says_pass(tmp_path: Path):
     assert "No check failed" in html
 
 
-def test_replay_section_from_summary_and_ops(one_run: Path):
-    html = render_html(load_inputs([one_run]))
+def test_replay_section_from_summary_and_ops(one_run_page):
+    html = one_run_page[1]
     page = page_of(html)
     fid = page.table("fidelity")[0]["rows"]
     assert fid[0][:4] == ["workload / benchmark", "original ms", "replay ms", "ratio"]
     assert fid[1][0] == "llama:debug" and fid[1][1] == "0.61" and fid[1][2] == "0.66"
     assert fid[1][3] == "1.08"  # the row's ratio wins over the summary's
     assert "7 / 9" in fid[1] and "95.0%" in fid[1]
-    assert "aten::_fused_dropout×1" in fid[1][-1]
+    assert "c10d::allreduce_×1" in fid[1][-1]
     ops = page.table("ops")[0]["rows"]
     assert ops[1][1] == "aten::mm" and ops[1][6] == "0.23"  # slowest op first, us converted to ms
-    assert len(ops) - 1 == len(OPS)
+    assert ops[1][2:5] == ["default", "[[32, 64], [64, 192]]", "[float32, float32]"]  # compacted for reading
+    assert len(ops) - 1 == len(OPS) - 1  # every op with a known time
+    missed = page.table("not-replayed")[0]["rows"][1:]
+    assert [(r[1], r[3]) for r in missed] == [
+        ("c10d::allreduce_", "collective"),
+        ("aten::randperm", "no synthetic data recipe"),
+    ]
     types = page.table("optypes")[0]["rows"]
     assert types[1][:4] == ["aten::mm", "2", "0.33", "0.348"]
     assert "Time by operator type" in html and "Original vs replay step time" in html
 
 
-def test_numerics_ratios_and_soft_error_intervals(one_run: Path):
-    page = page_of(render_html(load_inputs([one_run])))
+def test_numerics_ratios_and_soft_error_intervals(one_run_page):
+    page = page_of(one_run_page[1])
     num = page.table("numerics")[0]["rows"]
     assert num[1][0] == "aten::mm" and num[1][1] == "bfloat16"  # the worst ratio leads
     assert float(num[1][6]) == pytest.approx(0.031 / 7.8e-3, rel=1e-3)
@@ -535,9 +599,8 @@ def test_text_is_escaped(tmp_path: Path):
     assert 'id="suite-onnx"' in html  # any other suite gets the generic table
 
 
-def test_report_is_deterministic(one_run: Path):
-    inputs = load_inputs(one_run)
-    assert render_html(inputs) == render_html(inputs)
+def test_report_is_deterministic(one_run: Path, one_run_page):
+    assert render_html(load_inputs(one_run)) == one_run_page[1]
 
 
 def test_bad_inputs_are_one_line_usage_errors(tmp_path: Path, one_run: Path):
@@ -627,3 +690,58 @@ def test_render_html_takes_a_results_frame(tmp_path: Path):
     assert "<title>From a frame: FAIL</title>" in html and FAILING_DETAIL.replace(">", "&gt;") in html
     with pytest.raises(ValueError, match="lacks column"):
         render_html(frame.drop(columns=["detail"]))
+
+
+def test_overflowed_and_nan_errors_lead_the_numerics_view(tmp_path: Path):
+    r = Results(_ctx(CPU, "r1", "2025-05-01T10:00:00+00:00"), "numerics")
+    r.add(
+        "normwise_error", "aten::mm", "normwise_rel_err", 1e-3, status="pass", threshold=1e-2, dtype="float16"
+    )
+    r.add(
+        "normwise_error",
+        "aten::exp",
+        "normwise_rel_err",
+        math.inf,
+        status="fail",
+        threshold=1e-2,
+        dtype="float16",
+        detail="normwise_rel_err=inf exceeds bound 0.01; seed=3 level=quick",
+    )
+    r.add(
+        "normwise_error",
+        "aten::log",
+        "normwise_rel_err",
+        math.nan,
+        status="fail",
+        threshold=1e-2,
+        dtype="bfloat16",
+        detail="normwise_rel_err=nan exceeds bound 0.01; seed=3 level=quick",
+    )
+    p = tmp_path / "results.csv"
+    write_csv(r.frame(), p)
+    html = render_html(load_inputs(p))
+    rows = page_of(html).table("numerics")[0]["rows"][1:]
+    assert [(x[0], x[6]) for x in rows] == [("aten::exp", "inf"), ("aten::log", ""), ("aten::mm", "0.1")]
+    chart_svg = html[html.index('id="suite-numerics"') :]
+    assert "> inf<" in chart_svg and "> nan<" in chart_svg
+
+
+def test_folders_expand_to_their_results_once(one_run: Path, tmp_path: Path):
+    from mystique.reports.inputs import discover
+
+    found = discover([one_run, one_run / "numerics" / "results.csv"])
+    assert [p.relative_to(one_run).parts[0] for p in found] == [
+        "capture",
+        "correctness",
+        "numerics",
+        "replay",
+        "soft_errors",
+    ]
+    text = (one_run / "numerics" / "results.csv").read_text()
+    for folder in ("a", ".a.staging"):  # a half-written output folder (hidden staging) is not read
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "results.csv").write_text(text)
+    assert discover([tmp_path]) == [tmp_path / "a" / "results.csv"]
+    inputs = load_inputs([tmp_path, tmp_path / "a" / "results.csv"])
+    assert len(inputs.results) == len(read_csv(one_run / "numerics" / "results.csv"))
+    assert inputs.replays == ()

@@ -47,6 +47,7 @@ FLAGS = [
     "--disable-component-update",
     "--disable-sync",
     "--disable-default-apps",
+    "--disable-dev-shm-usage",
     "--disable-extensions",
     "--hide-scrollbars",
     "--mute-audio",

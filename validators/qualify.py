@@ -30,9 +30,10 @@ def pytest_args(stage: Path, *, device: str, inject: str | None, level: str, see
                 quiet: bool = False) -> list[str]:
     """The command line of the inner pytest session, isolated from the caller's project.
 
-    The staging folder (empty) is the only path argument and the current folder the rootdir (node ids read ``mystique::...``); ``-c os.devnull`` and
-    ``--noconftest`` keep the current directory's pytest configuration and conftests out;
-    the cache provider is off so nothing is written outside ``stage``.
+    The (empty) staging folder is the only path argument and the current folder the rootdir, so
+    node ids read ``mystique::numerics::<group>``; ``-c os.devnull`` and ``--noconftest`` keep the
+    current folder's pytest configuration and conftests out; the cache provider is off so nothing
+    is written outside ``stage``.
     """
     args = [
         str(stage), "--rootdir", os.getcwd(), "-c", os.devnull, "--noconftest", "-p", "no:cacheprovider",

@@ -676,7 +676,7 @@ class Executor:
 
     def map_device(self, recorded: str | None) -> torch.device:
         """Where a tensor or device argument recorded on ``recorded`` goes in this replay."""
-        if recorded is None or recorded == "":
+        if recorded is None or recorded == "" or self.device.type == "meta":
             return self.device
         try:
             rec = torch.device(recorded)
@@ -909,6 +909,11 @@ class Executor:
             else:
                 container[key] = vals[ref]
 
+    @staticmethod
+    def _clear(c: _Compiled) -> None:
+        for container, key, _ref in c.arg_slots:
+            container[key] = None
+
     def run_iteration(self, per_op: bool = False, probe: bool = False) -> list[float]:
         """Run every op once. Returns per-op seconds when ``per_op`` (else an empty list).
 
@@ -951,6 +956,8 @@ class Executor:
                     self._skip_outputs(c)
                 else:
                     self._bind(c, res, st, probe)
+                    res = None
+                self._clear(c)  # the compiled call must not keep its inputs alive
             for tid in c.free:
                 if tid not in self._external:
                     vals[tid] = None
@@ -1021,7 +1028,7 @@ def main(argv: Sequence[str] | None = None, default_plan: str | None = None) -> 
     """
     ap = argparse.ArgumentParser(description="Replay a Mystique benchmark plan with synthetic data.")
     ap.add_argument("--plan", default=default_plan, help="benchmark.json (default: the one beside this file)")
-    ap.add_argument("--device", default="cpu", help="torch device: cpu, cuda, cuda:1, ...")
+    ap.add_argument("--device", default=None, help="torch device: cpu, cuda, cuda:1, ... (default: the plan's)")
     ap.add_argument("--iters", type=int, default=10, help="measured iterations")
     ap.add_argument("--warmup", type=int, default=3, help="warm-up iterations")
     ap.add_argument("--seed", type=int, default=0)
@@ -1033,15 +1040,21 @@ def main(argv: Sequence[str] | None = None, default_plan: str | None = None) -> 
         print("error: --iters must be >= 1 and --warmup >= 0", file=sys.stderr)
         return 2
     try:
-        dev = torch.device(ns.device)
-    except RuntimeError as exc:
-        print(f"error: bad device {ns.device!r}: {exc}", file=sys.stderr)
+        plan = load_plan(ns.plan)
+    except ReplayError as exc:
+        print(f"error: {exc}", file=sys.stderr)
         return 2
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        print(f"error: device {ns.device} is not available", file=sys.stderr)
+    name = ns.device or plan["metadata"].get("default_device") or "cpu"
+    try:
+        dev = torch.device(name)
+    except RuntimeError as exc:
+        print(f"error: bad device {name!r}: {exc}", file=sys.stderr)
+        return 2
+    backend = getattr(torch, dev.type, None)
+    if dev.type not in ("cpu", "meta") and not (backend is not None and backend.is_available()):
+        print(f"error: device {name} is not available", file=sys.stderr)
         return 3
     try:
-        plan = load_plan(ns.plan)
         ex = Executor(plan, dev, seed=ns.seed)
         ex.prepare()
     except InsufficientMemory as exc:

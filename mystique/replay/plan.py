@@ -363,10 +363,28 @@ class _Builder:
             "kwargs": kwargs,
             "outputs": outputs,
             "orig_us": kineto.get(node.rf_id) if kineto and node.rf_id is not None else None,
+            "scope": self.scope(node),
         }
         if sch is not None:
             op["_schema"] = sch
         return op
+
+    def scope(self, node: Node) -> str:
+        """The names of the label nodes above ``node`` (outermost first), thread/process nodes left out."""
+        names = []
+        nodes = self.trace.nodes
+        parent = node.parent
+        hops = 0
+        while parent is not None and parent in nodes and hops < 64:
+            p = nodes[parent]
+            if p.name.startswith("[pytorch|profiler") or p.id == parent and p.parent == p.id:
+                break
+            names.append(p.name)
+            if p.parent == p.id:
+                break
+            parent = p.parent
+            hops += 1
+        return " / ".join(reversed(names))
 
     # data recipes --------------------------------------------------------------------------
 
@@ -578,7 +596,63 @@ def build_plan(
         "inputs": inputs,
         "ops": ops,
     }
-    return Plan(data)
+    return normalise(Plan(data))
+
+
+def normalise(plan: Plan) -> Plan:
+    """Renumber ops and recompute each tensor's source and each storage's role from the op list.
+
+    A tensor first seen as an op's output is ``output``; first seen as an input, it is
+    ``derived`` when an earlier op produced a tensor of its storage, else ``external`` (and its
+    storage is external); tensors no op references are ``unused`` (never materialised). Used after
+    ops were removed (``--keep``/``--drop``) so that removed producers become synthetic inputs.
+    """
+    tensors = {t["id"]: t for t in plan.tensors}
+    storages = {s["id"]: s for s in plan.storages}
+    seen: set[int] = set()
+    produced: set[int] = set()
+    external: set[int] = set()
+    anchors: dict[int, int] = {}
+    for i, op in enumerate(plan.ops):
+        op["index"] = i
+        for tid in ex.op_input_ids(op):
+            if tid in seen:
+                continue
+            seen.add(tid)
+            sid = tensors[tid]["storage"]
+            if sid in produced:
+                tensors[tid]["source"] = "derived"
+            else:
+                tensors[tid]["source"] = "external"
+                external.add(sid)
+        for tid in ex.op_output_ids(op):
+            if tid in seen:
+                continue
+            seen.add(tid)
+            tensors[tid]["source"] = "output"
+            sid = tensors[tid]["storage"]
+            if sid not in external and sid not in produced:
+                produced.add(sid)
+                anchors[sid] = tid
+    for tid, t in tensors.items():
+        if tid not in seen:
+            t["source"] = "unused"
+    for sid, st in storages.items():
+        st["external"] = sid in external
+        st["anchor"] = anchors.get(sid)
+    plan.data["inputs"] = [t["id"] for t in plan.tensors if t["source"] == "external"]
+    counts = Counter(op["name"] for op in plan.ops)
+    plan.metadata["ops_total"] = len(plan.ops)
+    plan.metadata["op_counts"] = dict(sorted(counts.items()))
+    skipped: dict[str, dict[str, Any]] = {}
+    for op in plan.ops:
+        if op["action"] == "skip":
+            s = skipped.setdefault(op["name"], {"count": 0, "reason": op["reason"]})
+            s["count"] += 1
+    plan.metadata["skipped"] = skipped
+    known = [op["orig_us"] for op in plan.ops if op.get("orig_us") is not None]
+    plan.metadata["original_op_times"] = bool(known)
+    return plan
 
 
 def plan_from_path(path: str | os.PathLike, iteration: int | None = None) -> tuple[Plan, str]:

@@ -169,7 +169,7 @@ def seq_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """a @ b in fp32 accumulating sequentially over K (one rounding per product and per add)."""
     a = a.float()
     b = b.float()
-    out = torch.zeros(*torch.broadcast_shapes(a.shape[:-2], b.shape[:-2]), a.shape[-2], b.shape[-1])
+    out = torch.zeros_like(a[..., :, :1] * b[..., :1, :])
     for k in range(a.shape[-1]):
         out += a[..., :, k:k + 1] * b[..., k:k + 1, :]
     return out

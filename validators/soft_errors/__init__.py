@@ -1,0 +1,35 @@
+"""Soft-error (silent data corruption) validator: checked operators (ABFT), bit-flip fault
+injection, statistical campaigns, Parameter Vulnerability Factor and SDC screening.
+
+``run(target, level=..., seed=..., groups=..., out_dir=...) -> DataFrame`` and ``groups(level)``
+are the validator contract; the pieces are usable on their own:
+
+* :mod:`.abft`     ``checked_mm``, ``checked_linear``, ``checked_embedding_bag``,
+                   ``checked_quantized_embedding_bag`` -> ``(result, CheckReport)``
+* :mod:`.protect`  ``protect(model)`` -> Guard (hooks on every Linear/Embedding/EmbeddingBag)
+* :mod:`.bits`     exact bit flips and bit classes per dtype
+* :mod:`.inject`   injection sites and ``BitFlipMode`` (a TorchDispatchMode)
+* :mod:`.campaign` checkpointed, resumable campaigns
+* :mod:`.stats`    Wilson intervals
+"""
+
+from .abft import (
+    CheckReport,
+    QuantizedTable,
+    augment_table,
+    checked_embedding_bag,
+    checked_linear,
+    checked_mm,
+    checked_quantized_embedding_bag,
+)
+from .bits import FlipRecord, bit_classes, flip_bits_
+from .inject import BitFlipMode, bitflip_mode
+from .protect import protect
+from .runner import GROUPS, groups, run
+from .stats import wilson
+
+__all__ = [
+    "GROUPS", "BitFlipMode", "CheckReport", "FlipRecord", "QuantizedTable", "augment_table", "bit_classes",
+    "bitflip_mode", "checked_embedding_bag", "checked_linear", "checked_mm", "checked_quantized_embedding_bag",
+    "flip_bits_", "groups", "protect", "run", "wilson",
+]

@@ -357,7 +357,7 @@ class QuantizedTable:
     def compute_checks(packed: torch.Tensor) -> torch.Tensor:
         d = packed.shape[1] - 8
         q = packed[:, :d].to(torch.float64)
-        sb = packed[:, d:].contiguous().view(torch.float32).to(torch.float64)
+        sb = packed[:, d:].clone(memory_format=torch.contiguous_format).view(torch.float32).to(torch.float64)
         scale, bias = sb[:, 0:1], sb[:, 1:2]
         rowsum = (q * scale + bias).sum(1)
         absum = (q * scale.abs() + bias.abs()).sum(1)
@@ -366,16 +366,26 @@ class QuantizedTable:
     def dequantize(self) -> torch.Tensor:
         d = self.dim
         q = self.packed[:, :d].to(torch.float32)
-        sb = self.packed[:, d:].contiguous().view(torch.float32)
+        sb = self.packed[:, d:].clone(memory_format=torch.contiguous_format).view(torch.float32)
         return q * sb[:, 0:1] + sb[:, 1:2]
 
 
 def quantized_embedding_bag(table: QuantizedTable, indices: torch.Tensor, offsets: torch.Tensor,
                             mode: str = "sum") -> torch.Tensor:
-    """The fused 8-bit row-wise EmbeddingBag (unchecked), on the device of the table."""
-    mode_id = {"sum": 0, "mean": 1}[mode]
-    return torch.ops.quantized.embedding_bag_byte_rowwise_offsets(
-        table.packed, indices, offsets, False, mode_id, False, None, None, False)
+    """The fused 8-bit row-wise EmbeddingBag (unchecked), on the device of the table.
+
+    The fused kernel is called in sum mode and mean pooling divides by the bag length afterwards:
+    on torch 2.13 CPU ``embedding_bag_byte_rowwise_offsets`` silently returns sums when asked for
+    mode=1 (mean), which the clean campaign of this checker flagged.
+    """
+    out = torch.ops.quantized.embedding_bag_byte_rowwise_offsets(
+        table.packed, indices, offsets, False, 0, False, None, None, False)
+    if mode == "mean":
+        lengths = _bag_lengths(indices, offsets, out.shape[0]).clamp(min=1).to(out.dtype)
+        out = out / lengths[:, None]
+    elif mode != "sum":
+        raise UsageError(f"8-bit EmbeddingBag supports sum and mean pooling, got {mode!r}")
+    return out
 
 
 def checked_quantized_embedding_bag(table: QuantizedTable, indices: torch.Tensor,

@@ -1,0 +1,380 @@
+"""``mystique generate``: turn a trace into a benchmark folder.
+
+Writes ``benchmark.json`` (the replay plan, see :mod:`mystique.replay.plan`) and
+``benchmark.py`` (a standalone program needing only torch: the executor's source followed by a
+small ``main``). Transformations, applied in this order: ``keep``/``drop`` (regexes on op names),
+``batch_scale`` (rescale the batch dimension, checked by shape propagation on the meta device),
+``dtype`` (retarget floating tensors), ``device`` (the benchmark's default device) and
+``obfuscate`` (strip names that could tell the model).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from ..errors import EnvironmentUnsupported, UsageError
+from ..io import atomic_write_text, check_output_dir, staged_output_dir
+from ..progress import Progress
+from . import executor as ex
+from .plan import Plan, normalise, plan_from_path
+
+FORMATS = ("json", "py", "onnx")
+FLOAT_DTYPES = ("float32", "float16", "bfloat16", "float64")
+_SIZE_TYPES = ("int[]", "SymInt[]")
+
+
+def parse_formats(spec: str) -> list[str]:
+    """``"json,py"`` -> ``["json", "py"]`` (UsageError for unknown formats; py implies json)."""
+    out = []
+    for f in (x.strip().lower() for x in spec.split(",")):
+        if not f:
+            continue
+        if f not in FORMATS:
+            raise UsageError(f"unknown format {f!r}; expected a comma list of {', '.join(FORMATS)}")
+        if f not in out:
+            out.append(f)
+    if not out:
+        raise UsageError("--format names no format")
+    if "py" in out and "json" not in out:
+        out.insert(0, "json")
+    return out
+
+
+def _compile(pattern: str | None, flag: str) -> re.Pattern[str] | None:
+    if pattern is None:
+        return None
+    try:
+        return re.compile(pattern)
+    except re.error as exc:
+        raise UsageError(f"{flag} {pattern!r} is not a valid regular expression: {exc}") from exc
+
+
+def filter_ops(plan: Plan, keep: str | None = None, drop: str | None = None) -> Plan:
+    """Keep the ops whose name matches ``keep`` and drop those matching ``drop`` (``re.search``).
+
+    Tensors that removed ops produced become synthetic inputs of the remaining ones.
+    """
+    k, d = _compile(keep, "--keep"), _compile(drop, "--drop")
+    if k is None and d is None:
+        return plan
+    ops = [op for op in plan.ops
+           if (k is None or k.search(op["name"]) or k.search(op.get("op", "")))
+           and not (d is not None and (d.search(op["name"]) or d.search(op.get("op", ""))))]
+    if not ops:
+        raise UsageError("--keep/--drop removed every operator")
+    plan.data["ops"] = ops
+    plan.metadata["transforms"].append({"filter": {"keep": keep, "drop": drop}})
+    return normalise(plan)
+
+
+def retarget_dtype(plan: Plan, dtype: str) -> Plan:
+    """Make every floating tensor, storage and floating dtype argument ``dtype``."""
+    if dtype not in FLOAT_DTYPES:
+        raise UsageError(f"unknown dtype {dtype!r}; expected one of {', '.join(FLOAT_DTYPES)}")
+    import torch
+
+    size = torch.empty((), dtype=getattr(torch, dtype)).element_size()
+    for t in plan.tensors:
+        if t["dtype"] in FLOAT_DTYPES:
+            t["dtype"] = dtype
+    for s in plan.storages:
+        if s["dtype"] in FLOAT_DTYPES and s["dtype"] != dtype:
+            old = torch.empty((), dtype=getattr(torch, s["dtype"])).element_size()
+            s["nbytes"] = int(math.ceil(int(s["nbytes"]) / old)) * size
+            s["dtype"] = dtype
+
+    def fix(enc: Any) -> Any:
+        if isinstance(enc, list):
+            return [fix(e) for e in enc]
+        if isinstance(enc, dict) and enc.get("dtype") in FLOAT_DTYPES:
+            return {"dtype": dtype}
+        return enc
+
+    for op in plan.ops:
+        op["args"] = fix(op["args"])
+        op["kwargs"] = {k: fix(v) for k, v in op["kwargs"].items()}
+    _recompute_nbytes(plan)
+    plan.metadata["transforms"].append({"dtype": dtype})
+    return plan
+
+
+def _recompute_nbytes(plan: Plan) -> None:
+    import torch
+
+    need: dict[int, int] = {}
+    for t in plan.tensors:
+        size = torch.empty((), dtype=ex.dtype_from_name(t["dtype"])).element_size()
+        strides = t.get("strides") or ex.contiguous_strides(t["shape"])
+        nb = ex._extent(t["shape"], strides, int(t["offset"])) * size
+        need[t["storage"]] = max(need.get(t["storage"], 0), nb)
+    for s in plan.storages:
+        s["nbytes"] = int(need.get(s["id"], s["nbytes"]))
+
+
+def obfuscate(plan: Plan) -> Plan:
+    """Strip what could name the model: scopes (module and ``## ... ##`` labels), the source file,
+    the capture host/device description, and every argument of skipped ops; op names stay."""
+    for op in plan.ops:
+        op["scope"] = ""
+        if op["action"] != "call":
+            op["args"], op["kwargs"] = [], {}
+    meta = plan.metadata
+    meta["source"] = "obfuscated"
+    meta["captured_on"] = None
+    meta["obfuscated"] = True
+    meta["transforms"].append({"obfuscate": True})
+    return plan
+
+
+# ----------------------------------------------------------------------------------------------
+# Batch rescaling
+# ----------------------------------------------------------------------------------------------
+
+
+def _mutated_inputs(plan: Plan) -> set[int]:
+    """Tensor ids an op writes in place (outputs that are also its inputs)."""
+    out: set[int] = set()
+    for op in plan.ops:
+        ins = set(ex.op_input_ids(op))
+        out.update(t for t in ex.op_output_ids(op) if t in ins)
+    return out
+
+
+def infer_batch(plan: Plan) -> int:
+    """The batch size: the leading dim of the data inputs.
+
+    Data inputs are external tensors that no op writes in place (parameters and optimizer
+    states are written by the optimizer step); integer inputs (token ids, indices) are preferred,
+    then floating ones with at least two dims, in the order ops consume them.
+    """
+    tensors = {t["id"]: t for t in plan.tensors}
+    mutated = _mutated_inputs(plan)
+    order: list[int] = []
+    seen: set[int] = set()
+    for op in plan.ops:
+        for tid in ex.op_input_ids(op):
+            if tid not in seen and tensors[tid]["source"] == "external":
+                seen.add(tid)
+                order.append(tid)
+    cands = [tensors[t] for t in order if t not in mutated and tensors[t]["shape"]]
+    ints = [t for t in cands if t["dtype"] not in FLOAT_DTYPES and t["dtype"] != "bool"]
+    floats = [t for t in cands if t["dtype"] in FLOAT_DTYPES and len(t["shape"]) >= 2]
+    pool = ints or floats
+    if not pool:
+        raise UsageError("cannot infer the batch size: the benchmark has no data inputs")
+    counts = Counter(t["shape"][0] for t in pool)
+    first = pool[0]["shape"][0]
+    best = max(counts.values())
+    return first if counts[first] == best else max(counts, key=lambda b: (counts[b], -order.index(next(
+        t["id"] for t in pool if t["shape"][0] == b))))
+
+
+def _rescale_dims(shape: list[int], b: int, nb: int) -> list[int]:
+    return [nb if d == b else d for d in shape]
+
+
+def _rescale_sizes(values: list[Any], ref_shape: list[int] | None, b: int, nb: int) -> list[Any]:
+    out = []
+    for v in values:
+        if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+            out.append(v)
+            continue
+        if v == b:
+            out.append(nb)
+            continue
+        new = v
+        if ref_shape and v % b == 0:
+            # a product of consecutive input dims that includes a batch dim: rescale that factor
+            n = len(ref_shape)
+            for i in range(n):
+                prod = 1
+                for j in range(i, n):
+                    prod *= ref_shape[j]
+                    if prod == v and b in ref_shape[i:j + 1]:
+                        new = v // b * nb
+                        break
+                    if prod > v:
+                        break
+                if new != v:
+                    break
+        out.append(new)
+    return out
+
+
+def rescale_batch(plan: Plan, factor: float) -> Plan:
+    """Scale the batch dimension by ``factor`` (UsageError when no consistent rescale exists).
+
+    Every tensor dim equal to the batch size B and every size-list argument equal to B or to a
+    product of input dims including B is rescaled; the shapes of op results are then recomputed
+    by running the plan on the meta device, and any op that fails there but not on the original
+    shapes makes the rescale inconsistent.
+    """
+    if not (factor > 0 and math.isfinite(factor)):
+        raise UsageError(f"--batch-scale must be a positive number, not {factor}")
+    if factor == 1:
+        return plan
+    b = infer_batch(plan)
+    nb = max(1, int(round(b * factor)))
+    if b == 1:
+        raise UsageError("the batch size is 1: its dimension cannot be told apart from other unit dims, "
+                         "so the batch cannot be rescaled consistently")
+    if nb == b:
+        raise UsageError(f"--batch-scale {factor} leaves the batch size {b} unchanged")
+    tensors = {t["id"]: t for t in plan.tensors}
+    mutated = _mutated_inputs(plan)
+    params = [t for t in plan.tensors if t["source"] == "external" and t["id"] in mutated and b in t["shape"]]
+    if params:
+        t = params[0]
+        raise UsageError(f"cannot rescale the batch size {b}: tensors the step updates in place have a dim "
+                         f"of the same size (e.g. shape {t['shape']}), so the batch dim is ambiguous")
+    before = _meta_failures(plan)
+    new = plan.copy()
+    nt = {t["id"]: t for t in new.tensors}
+    for t in new.tensors:
+        if t["source"] in ("external", "derived", "unused"):
+            shape = _rescale_dims(t["shape"], b, nb)
+            if shape != t["shape"]:
+                t["strides"] = _dense_like(t["shape"], t.get("strides"), shape)
+                t["shape"] = shape
+    for op in new.ops:
+        if op["action"] != "call" or not op.get("schema"):
+            continue
+        try:
+            sch = ex.parse_schema(op["schema"])
+        except ValueError:
+            continue
+        ins = ex.op_input_ids(op)
+        ref = tensors[ins[0]]["shape"] if ins else None
+        pos = [a for a in sch.args if not a.kwarg_only]
+        for i, (sa, v) in enumerate(zip(pos, op["args"])):
+            if sa.base_type in _SIZE_TYPES and isinstance(v, list):
+                op["args"][i] = _rescale_sizes(v, ref, b, nb)
+        for sa in sch.args:
+            if sa.kwarg_only and sa.base_type in _SIZE_TYPES and isinstance(op["kwargs"].get(sa.name), list):
+                op["kwargs"][sa.name] = _rescale_sizes(op["kwargs"][sa.name], ref, b, nb)
+    e = ex.Executor(new.data, "meta", check_memory=False)
+    e.record_shapes = True
+    e.probe()
+    after = {st.index: st.reason for st in e.status if st.state == "skipped"}
+    broken = sorted(set(after) - set(before))
+    if broken:
+        i = broken[0]
+        raise UsageError(f"batch rescale {b} -> {nb} is inconsistent: op #{i} {new.ops[i]['name']} fails with "
+                         f"the rescaled shapes ({after[i]})")
+    for tid, (shape, strides) in e.output_shapes.items():
+        if nt[tid]["source"] == "output":
+            nt[tid]["shape"], nt[tid]["strides"] = list(shape), list(strides)
+    for t in new.tensors:
+        if t["source"] == "output" and t["id"] not in e.output_shapes:
+            shape = _rescale_dims(t["shape"], b, nb)
+            if shape != t["shape"]:
+                t["strides"] = _dense_like(t["shape"], t.get("strides"), shape)
+                t["shape"] = shape
+    for st in new.storages:
+        st["recipe"] = _rescale_recipe(st.get("recipe"), b, nb)
+    _recompute_nbytes(new)
+    new.metadata["transforms"].append({"batch_scale": factor, "batch": b, "new_batch": nb})
+    new.metadata["batch_size"] = nb
+    return new
+
+
+def _rescale_recipe(recipe: dict[str, Any] | None, b: int, nb: int) -> dict[str, Any] | None:
+    if recipe and recipe.get("kind") == "offsets" and recipe.get("total", 0) % b == 0:
+        return {**recipe, "total": recipe["total"] // b * nb}
+    return recipe
+
+
+def _dense_like(old_shape: list[int], old_strides: list[int] | None, shape: list[int]) -> list[int]:
+    """Dense strides for ``shape`` with the dim order (by stride) of the old layout."""
+    if not old_strides or len(old_strides) != len(shape):
+        return ex.contiguous_strides(shape)
+    order = sorted(range(len(shape)), key=lambda i: (old_strides[i], -i))
+    out = [0] * len(shape)
+    acc = 1
+    for i in order:
+        out[i] = acc
+        acc *= max(shape[i], 1)
+    return out
+
+
+def _meta_failures(plan: Plan) -> dict[int, str]:
+    e = ex.Executor(plan.data, "meta", check_memory=False)
+    e.probe()
+    return {st.index: st.reason for st in e.status if st.state == "skipped"}
+
+
+# ----------------------------------------------------------------------------------------------
+# Writing
+# ----------------------------------------------------------------------------------------------
+
+_PY_HEADER = '''#!/usr/bin/env python3
+# Mystique Suite standalone benchmark: replays benchmark.json (beside this file) with synthetic data.
+# Needs only torch. Usage: python benchmark.py [--device cuda] [--iters 10] [--warmup 3] [--plan PATH]
+# Generated from {source} ({ops} operators). What follows is the replay engine, then main().
+'''
+
+_PY_MAIN = '''
+
+if __name__ == "__main__":
+    sys.exit(main(default_plan=os.path.join(os.path.dirname(os.path.abspath(__file__)), "benchmark.json")))
+'''
+
+
+def benchmark_py(plan: Plan) -> str:
+    """The source of the standalone ``benchmark.py``: executor source + a ``__main__`` block."""
+    src = Path(ex.__file__).read_text(encoding="utf-8")
+    header = _PY_HEADER.format(source=plan.metadata.get("source") or "a trace", ops=len(plan.ops))
+    return header + src.rstrip() + "\n" + _PY_MAIN
+
+
+def generate(
+    trace: str,
+    out_dir: str,
+    *,
+    device: str = "cpu",
+    dtype: str | None = None,
+    formats: str = "json,py",
+    batch_scale: float | None = None,
+    keep: str | None = None,
+    drop: str | None = None,
+    obfuscate_names: bool = False,
+    iteration: int | None = None,
+    force: bool = False,
+) -> Plan:
+    """Generate a benchmark folder from a trace (dir or ET file); returns the written plan."""
+    fmts = parse_formats(formats)
+    if "onnx" in fmts:
+        raise EnvironmentUnsupported("onnx export not available yet (use --format json,py)")
+    _compile(keep, "--keep")
+    _compile(drop, "--drop")
+    check_output_dir(out_dir, force)
+    from ..targets import check_device
+
+    device = check_device(device) if device != "meta" else device
+    prog = Progress("generate")
+    prog.note(f"reading {trace}")
+    plan, kind = plan_from_path(trace, iteration)
+    if kind == "benchmark":
+        raise UsageError(f"{trace} is a benchmark already; generate reads a trace")
+    prog.note(f"{len(plan.ops)} ops of iteration {plan.metadata.get('iteration')}")
+    plan = filter_ops(plan, keep, drop)
+    if batch_scale is not None and batch_scale != 1:
+        prog.note(f"rescaling the batch by {batch_scale}")
+        plan = rescale_batch(plan, batch_scale)
+    if dtype:
+        plan = retarget_dtype(plan, dtype)
+    plan.metadata["default_device"] = device
+    if obfuscate_names:
+        plan = obfuscate(plan)
+    e = ex.Executor(plan.data, "meta", check_memory=False)
+    plan.metadata["peak_bytes"] = e.peak_bytes()
+    with staged_output_dir(out_dir, force) as stage:
+        atomic_write_text(stage / "benchmark.json", plan.to_json() + "\n")
+        if "py" in fmts:
+            atomic_write_text(stage / "benchmark.py", benchmark_py(plan))
+    prog.note(f"wrote {', '.join('benchmark.' + f for f in fmts)} to {out_dir}")
+    return plan

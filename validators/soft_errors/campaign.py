@@ -1,0 +1,368 @@
+"""Checkpointed, resumable fault-injection campaigns and their trial functions.
+
+A campaign is ``n_trials`` independent trials, each a pure function of ``(config, trial index)``.
+Outcomes are appended as JSON lines ``{"config": HASH, "trial": i, ...}`` to a checkpoint file named
+after the campaign and the hash of its config. Rerunning the same campaign reads the file back,
+skips the trials already recorded (a trial recorded twice counts once; a truncated last line, as
+left by a kill mid-write, is dropped and rerun) and runs only the missing ones, so a resumed run
+has exactly the outcomes of an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import random
+from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager, nullcontext
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from mystique.io import atomic_write_bytes
+from mystique.progress import Progress
+
+from . import abft
+from .bits import choose_bits, flip_bits_
+from .inject import flip_tensor, hash_seed
+
+TrialFn = Callable[[int], dict[str, Any]]
+SIGNIFICANCE = 2.0**-7  # a flip is significant when it moves an output by more than this x rms(output)
+
+
+def config_hash(config: dict[str, Any]) -> str:
+    """First 16 hex digits of the SHA-256 of the config's canonical JSON."""
+    text = json.dumps(config, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+class Campaign:
+    """Run ``trial_fn(i)`` for ``i in range(n_trials)``, checkpointing each outcome to ``path``."""
+
+    def __init__(self, name: str, config: dict[str, Any], n_trials: int, trial_fn: TrialFn,
+                 checkpoint_dir: str | os.PathLike | None = None, *, checkpoint: str | os.PathLike | None = None,
+                 fsync_every: int = 500, progress_every: int = 0) -> None:
+        self.name = name
+        self.config = dict(config)
+        self.hash = config_hash({"campaign": name, **self.config})
+        self.n_trials = int(n_trials)
+        self.trial_fn = trial_fn
+        if checkpoint is not None:
+            self.path: Path | None = Path(checkpoint)
+        elif checkpoint_dir is not None:
+            self.path = Path(checkpoint_dir) / f"campaign_{name}_{self.hash}.jsonl"
+        else:
+            self.path = None
+        self.fsync_every = fsync_every
+        self.progress_every = progress_every
+        self.resumed = 0
+
+    def load(self) -> dict[int, dict[str, Any]]:
+        """Outcomes already in the checkpoint (first record of each trial), repairing a torn tail."""
+        done: dict[int, dict[str, Any]] = {}
+        if self.path is None or not self.path.exists():
+            return done
+        data = self.path.read_bytes()
+        lines = data.split(b"\n")
+        torn = not data.endswith(b"\n") and data != b""
+        complete = lines[:-1]  # the piece after the last newline is empty or torn
+        for raw in complete:
+            try:
+                rec = json.loads(raw)
+            except (json.JSONDecodeError, UnicodeDecodeError):
+                continue
+            if not isinstance(rec, dict) or rec.get("config") != self.hash:
+                continue
+            i = rec.get("trial")
+            if isinstance(i, int) and 0 <= i < self.n_trials and i not in done:
+                done[i] = rec
+        if torn:
+            atomic_write_bytes(self.path, b"".join(line + b"\n" for line in complete))
+        return done
+
+    def run(self) -> list[dict[str, Any]]:
+        """All outcomes, ordered by trial index (resuming from the checkpoint)."""
+        done = self.load()
+        self.resumed = len(done)
+        todo = [i for i in range(self.n_trials) if i not in done]
+        fh: AbstractContextManager[Any]
+        if self.path is not None and todo:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fh = open(self.path, "ab")  # noqa: SIM115
+        else:
+            fh = nullcontext(None)
+        prog = Progress(f"campaign {self.name}", total=self.n_trials)
+        prog.count = len(done)
+        with fh as out:
+            for n, i in enumerate(todo, 1):
+                rec = {"config": self.hash, "trial": i, **self.trial_fn(i)}
+                done[i] = json.loads(json.dumps(rec, default=float))
+                if out is not None:
+                    out.write((json.dumps(rec, default=float) + "\n").encode())
+                    out.flush()
+                    if n % self.fsync_every == 0:
+                        os.fsync(out.fileno())
+                if self.progress_every and n % self.progress_every == 0:
+                    prog.step(f"{len(done)} trials", advance=self.progress_every)
+            if out is not None:
+                os.fsync(out.fileno())
+        return [done[i] for i in range(self.n_trials)]
+
+
+# ----------------------------------------------------------------------------- inputs
+
+DISTRIBUTIONS = ("normal", "positive", "heavy", "rowscale", "relu")
+
+
+def random_matrix(shape: tuple[int, int], dist: str, g: torch.Generator) -> torch.Tensor:
+    """A float32 matrix drawn from one of :data:`DISTRIBUTIONS` (CPU; move it to the device)."""
+    if dist == "normal":
+        return torch.randn(shape, generator=g)
+    if dist == "positive":
+        return torch.rand(shape, generator=g)
+    if dist == "heavy":
+        return torch.randn(shape, generator=g).mul(1.5).exp() * torch.randn(shape, generator=g).sign()
+    if dist == "rowscale":
+        return torch.randn(shape, generator=g) * 10 ** (torch.rand(shape[0], 1, generator=g) * 4 - 2)
+    if dist == "relu":
+        return torch.randn(shape, generator=g).relu()
+    raise ValueError(dist)
+
+
+def _int8(shape: tuple[int, int], g: torch.Generator) -> torch.Tensor:
+    return torch.randint(-128, 128, shape, generator=g, dtype=torch.int8)
+
+
+def _rms(t: torch.Tensor) -> float:
+    t = t.double()
+    return float(t.square().mean().sqrt()) if t.numel() else 0.0
+
+
+def _delta(clean: torch.Tensor, faulty: torch.Tensor) -> float:
+    d = (faulty.double() - clean.double()).abs()
+    if not bool(torch.isfinite(faulty.double()).all()):
+        return math.inf
+    return float(d.max()) if d.numel() else 0.0
+
+
+# ----------------------------------------------------------------------------- detection trials
+
+GEMM_OPS = ("gemm_float32", "gemm_bfloat16", "gemm_float16", "gemm_int8")
+EMB_OPS = ("embedding_bag_sum", "embedding_bag_mean", "embedding_bag_8bit_sum", "embedding_bag_8bit_mean")
+CONTRAST_OPS = ("gemm_bfloat16_rounded_check",)
+
+
+def detection_combos(ops: Iterable[str], patterns: Iterable[str] = ("single", "burst", "multiple")
+                     ) -> list[tuple[str, str, str, str]]:
+    """Every (op, site, bit_class, pattern) a detection campaign cycles through."""
+    combos = []
+    for op in ops:
+        if op.startswith("gemm"):
+            if op == "gemm_int8":
+                site_classes = {"gemm_output": ("sign", "high", "low"), "gemm_operand": ("sign", "high", "low")}
+            else:
+                site_classes = {"gemm_output": ("sign", "exponent", "mantissa"),
+                                "gemm_operand": ("sign", "exponent", "mantissa")}
+            if op in CONTRAST_OPS:
+                site_classes = {"gemm_output": ("sign", "exponent", "mantissa")}
+        elif "8bit" in op:
+            site_classes = {"embedding_row": ("high", "low", "scale_bias"), "bag_output": ("sign", "exponent", "mantissa")}
+        else:
+            site_classes = {"embedding_row": ("sign", "exponent", "mantissa"),
+                            "bag_output": ("sign", "exponent", "mantissa")}
+        for site, classes in site_classes.items():
+            for cls in classes:
+                for pat in patterns:
+                    combos.append((op, site, cls, pat))
+    return combos
+
+
+def gemm_trial(op: str, site: str, bit_class: str, pattern: str, seed: int, device: str,
+               active: Callable[[], AbstractContextManager[Any]], max_dim: int = 96) -> dict[str, Any]:
+    """One injected flip into a checked GEMM; returns the outcome (significant, detected, ...)."""
+    rng = random.Random(seed)
+    g = torch.Generator().manual_seed(seed)
+    m, k, n = (rng.randint(4, max_dim) for _ in range(3))
+    dist = rng.choice(DISTRIBUTIONS)
+    kind = op.removeprefix("gemm_").removesuffix("_rounded_check")
+    if kind == "int8":
+        a, b = _int8((m, k), g).to(device), _int8((k, n), g).to(device)
+    else:
+        dt = getattr(torch, kind)
+        a = random_matrix((m, k), dist, g).to(dt).to(device)
+        b = random_matrix((k, n), dist, g).to(dt).to(device)
+    clean = abft._accumulate(a, b)  # golden: outside the device-under-test mode
+    clean_out = clean if kind in ("int8", "float32") else clean.to(a.dtype)
+    k_bits = rng.choice((2, 3, 4)) if pattern != "single" else 1
+    with active():
+        if kind == "int8":
+            enc = abft.encode_gemm(a, b)
+        else:
+            enc = abft.encode_gemm(a.float(), b.float())
+        a_used = a
+        if site == "gemm_operand":
+            a_used = a.clone()
+            rec = flip_tensor(a_used, seed=seed, site=site, name=op, bit_class=bit_class, pattern=pattern, k=k_bits)
+        acc = abft._accumulate(a_used, b)
+        if site == "gemm_output":
+            rec = flip_tensor(acc, seed=seed, site=site, name=op, bit_class=bit_class, pattern=pattern, k=k_bits)
+        if kind == "int8":
+            out = acc
+            rep = abft.verify_gemm(enc, acc, dtype=torch.int8)
+        elif kind == "float32":
+            out = acc
+            rep = abft.verify_gemm(enc, acc, dtype=a.dtype)
+        elif op in CONTRAST_OPS:
+            out = acc.to(a.dtype)
+            rep = abft.verify_gemm(enc, out.float(), dtype=a.dtype, u=abft.UNIT_ROUNDOFF[torch.float32],
+                                   u_out=abft.UNIT_ROUNDOFF[a.dtype])
+        else:
+            out = acc.to(a.dtype)
+            rep = abft.verify_gemm(enc, acc, dtype=a.dtype)
+    delta = _delta(clean_out, out)
+    tol = 0.0 if kind == "int8" else SIGNIFICANCE * _rms(clean_out)
+    return {"op": op, "site": site, "bit_class": bit_class, "pattern": pattern, "seed": seed,
+            "shape": [m, k, n], "dist": dist if kind != "int8" else "int8", "bits": rec.bits, "index": rec.index,
+            "original": rec.original, "corrupted": rec.corrupted, "delta": delta, "tol": tol,
+            "significant": bool(delta > tol), "detected": bool(rep.alarm), "ratio": rep.max_ratio}
+
+
+def embedding_trial(op: str, site: str, bit_class: str, pattern: str, seed: int, device: str,
+                    active: Callable[[], AbstractContextManager[Any]]) -> dict[str, Any]:
+    """One injected flip into a checked EmbeddingBag (fp32 augmented or 8-bit row-wise table)."""
+    rng = random.Random(seed)
+    g = torch.Generator().manual_seed(seed)
+    rows, d = rng.randint(16, 256), rng.choice((4, 8, 16, 32, 64))
+    bags, max_len = rng.randint(1, 16), rng.randint(1, 24)
+    dist = rng.choice(DISTRIBUTIONS)
+    weight = random_matrix((rows, d), dist, g)
+    lengths = [rng.randint(1, max_len) for _ in range(bags)]
+    idx = torch.randint(0, rows, (sum(lengths),), generator=g)
+    offsets = torch.tensor([0, *torch.tensor(lengths).cumsum(0)[:-1].tolist()], dtype=torch.int64)
+    mode = "mean" if op.endswith("mean") else "sum"
+    k_bits = rng.choice((2, 3, 4)) if pattern != "single" else 1
+    quant = "8bit" in op
+    idx, offsets = idx.to(device), offsets.to(device)
+    if quant:
+        table = abft.QuantizedTable.from_float(weight.to(device))
+        clean = abft.quantized_embedding_bag(table, idx, offsets, mode)
+    else:
+        aug = abft.augment_table(weight.to(device))
+        clean = F.embedding_bag(idx, aug, offsets, mode=mode)[:, :d]
+    pos = rng.randrange(idx.numel())
+    row = int(idx[pos])
+    with active():
+        if quant:
+            packed = table.packed.clone()
+            if site == "embedding_row":
+                if bit_class == "scale_bias":
+                    col = d + rng.randrange(8)
+                    bits = choose_bits(torch.uint8, "any", pattern, k_bits, rng)
+                else:
+                    col = rng.randrange(d)
+                    bits = choose_bits(torch.uint8, bit_class, pattern, k_bits, rng)
+                orig, new = flip_bits_(packed, row * packed.shape[1] + col, bits)
+                index = row * packed.shape[1] + col
+            faulty = abft.QuantizedTable(packed, table.checks, d)
+            out = abft.quantized_embedding_bag(faulty, idx, offsets, mode)
+            if site == "bag_output":
+                rec = flip_tensor(out, seed=seed, site=site, name=op, bit_class=bit_class, pattern=pattern, k=k_bits)
+                bits, index, orig, new = rec.bits, rec.index, rec.original, rec.corrupted
+            chk = F.embedding_bag(idx, table.checks, offsets, mode=mode)
+            lens = abft._bag_lengths(idx, offsets, out.shape[0])
+            rep = abft._verify_bags(out.sum(1), chk[:, 0], chk[:, 1], lens, d, 6.0, None, op, "uint8", ())
+        else:
+            faulty = aug.clone()
+            if site == "embedding_row":
+                col = rng.randrange(d)
+                bits = choose_bits(torch.float32, bit_class, pattern, k_bits, rng)
+                index = row * faulty.shape[1] + col
+                orig, new = flip_bits_(faulty, index, bits)
+            res = F.embedding_bag(idx, faulty, offsets, mode=mode)
+            if site == "bag_output":
+                view = res[:, :d]
+                rec = flip_tensor(view, seed=seed, site=site, name=op, bit_class=bit_class, pattern=pattern, k=k_bits)
+                bits, index, orig, new = rec.bits, rec.index, rec.original, rec.corrupted
+            out = res[:, :d]
+            lens = abft._bag_lengths(idx, offsets, res.shape[0])
+            rep = abft._verify_bags(out.sum(1), res[:, d], res[:, d + 1], lens, d, 4.0, None, op, "float32", ())
+    delta = _delta(clean, out)
+    tol = SIGNIFICANCE * _rms(clean)
+    return {"op": op, "site": site, "bit_class": bit_class, "pattern": pattern, "seed": seed,
+            "shape": [rows, d, bags], "dist": dist, "bits": bits, "index": index, "original": float(orig),
+            "corrupted": float(new), "delta": delta, "tol": tol, "significant": bool(delta > tol),
+            "detected": bool(rep.alarm), "ratio": rep.max_ratio}
+
+
+def detection_trial_fn(combos: list[tuple[str, str, str, str]], seed: int, device: str,
+                       active: Callable[[], AbstractContextManager[Any]]) -> TrialFn:
+    """Trial ``i`` runs combo ``i % len(combos)`` with its own derived seed."""
+
+    def fn(i: int) -> dict[str, Any]:
+        op, site, cls, pat = combos[i % len(combos)]
+        s = hash_seed(seed, "detection", i)
+        if op.startswith("gemm"):
+            return gemm_trial(op, site, cls, pat, s, device, active)
+        return embedding_trial(op, site, cls, pat, s, device, active)
+
+    return fn
+
+
+# ----------------------------------------------------------------------------- clean trials
+
+CLEAN_OPS = ("gemm_float32", "gemm_bfloat16", "gemm_float16", "gemm_int8", "linear_float32",
+             "embedding_bag_sum", "embedding_bag_mean", "embedding_bag_8bit_sum", "embedding_bag_8bit_mean")
+
+
+def clean_trial_fn(seed: int, device: str, active: Callable[[], AbstractContextManager[Any]],
+                   max_dim: int = 48) -> TrialFn:
+    """Trial ``i``: one checked operation on clean random data; the outcome records any alarm."""
+
+    def fn(i: int) -> dict[str, Any]:
+        s = hash_seed(seed, "clean", i)
+        rng = random.Random(s)
+        g = torch.Generator().manual_seed(s)
+        op = CLEAN_OPS[i % len(CLEAN_OPS)]
+        dist = rng.choice(DISTRIBUTIONS)
+        scale = 10.0 ** rng.uniform(-6, 6)
+        if op.startswith(("gemm", "linear")):
+            m, k, n = (rng.randint(1, max_dim) for _ in range(3))
+            if op == "gemm_int8":
+                a, b = _int8((m, k), g).to(device), _int8((k, n), g).to(device)
+            else:
+                dt = getattr(torch, op.split("_", 1)[1])
+                sc = min(scale, 1e3) if dt == torch.float16 else scale
+                a = (random_matrix((m, k), dist, g) * sc).to(dt).to(device)
+                b = random_matrix((k, n), dist, g).to(dt).to(device)
+            with active():
+                if op.startswith("linear"):
+                    bias = random_matrix((1, n), dist, g)[0].to(device) * scale
+                    _, rep = abft.checked_linear(a, b.t().contiguous(), bias)
+                else:
+                    _, rep = abft.checked_mm(a, b)
+            shape = [m, k, n]
+        else:
+            rows, d = rng.randint(1, 128), rng.choice((1, 3, 8, 16, 64))
+            bags, max_len = rng.randint(1, 12), rng.randint(1, 30)
+            weight = (random_matrix((rows, d), dist, g) * scale).to(device)
+            lengths = [rng.randint(0, max_len) for _ in range(bags)]
+            idx = torch.randint(0, rows, (sum(lengths),), generator=g).to(device)
+            offsets = torch.tensor([0, *torch.tensor(lengths).cumsum(0)[:-1].tolist()], dtype=torch.int64).to(device)
+            mode = "mean" if op.endswith("mean") else "sum"
+            if "8bit" in op:
+                table = abft.QuantizedTable.from_float(weight)
+                with active():
+                    _, rep = abft.checked_quantized_embedding_bag(table, idx, offsets, mode)
+            else:
+                aug = abft.augment_table(weight)
+                with active():
+                    _, rep = abft.checked_embedding_bag(aug, idx, offsets, mode)
+            shape = [rows, d, bags]
+        return {"op": op, "seed": s, "dist": dist, "scale": scale, "shape": shape,
+                "alarm": bool(rep.alarm), "ratio": rep.max_ratio}
+
+    return fn

@@ -1,0 +1,484 @@
+"""The soft-error validator: ``run(target, level=..., groups=...)`` -> results rows (suite ``soft_errors``).
+
+Groups (``groups(level)``):
+
+* ``abft_gemm``          checked GEMM per dtype and checked Linear layers of a workload: clean run passes,
+                         an injected accumulator/operand/output flip is detected and located;
+* ``abft_embedding_bag`` checked EmbeddingBag (fp32 sum/mean, 8-bit row-wise sum/mean): same;
+* ``false_positives``    clean checked operations (random shapes, scales, distributions, dtypes) and
+                         protected workload forwards: alarms must be zero; rate with Wilson interval;
+* ``detection_campaign`` injected flips per op, site, bit class and pattern: detection rate of
+                         significant flips (Wilson interval, trials), benign flips counted apart;
+* ``pvf``                Parameter Vulnerability Factor per parameter group of DLRM, BERT, Llama;
+* ``sdc_screen``         repeat-and-compare screening with fp64 goldens;
+* ``overhead``           checked / unchecked time - 1 for fp32 GEMM and EmbeddingBag (interleaved, medians).
+
+Every operator of the device under test runs inside ``target.active()``; goldens outside it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import statistics
+import time
+from collections import defaultdict
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import torch
+import torch.nn.functional as F
+
+from mystique.errors import UsageError
+from mystique.progress import Progress
+from mystique.results import Results, RunContext
+
+from . import abft, campaign, pvf, sdc
+from .inject import flip_module_output, flip_tensor
+from .protect import protect
+from .stats import wilson
+
+GROUPS = ("abft_gemm", "abft_embedding_bag", "false_positives", "detection_campaign", "pvf", "sdc_screen",
+          "overhead")
+DETECTION_TARGET = 0.999
+OVERHEAD_TARGETS = {"gemm": 0.05, "embedding_bag": 0.10}
+
+LEVELS: dict[str, dict[str, Any]] = {
+    "quick": {"trials": 900, "fp_trials": 2000, "pvf_trials": 24, "pvf_config": "debug", "sdc_runs": 4,
+              "overhead_sizes": (1024,), "overhead_reps": 15, "workloads": ("dlrm", "bert", "llama")},
+    "full": {"trials": 30000, "fp_trials": 30000, "pvf_trials": 200, "pvf_config": "small", "sdc_runs": 20,
+             "overhead_sizes": (1024, 2048), "overhead_reps": 41, "workloads": ("dlrm", "bert", "llama")},
+}
+
+
+def groups(level: str = "quick") -> list[str]:
+    """Names of the check groups run at ``level`` (every group runs at both levels, sized differently)."""
+    if level not in LEVELS:
+        raise UsageError(f"unknown level {level!r}; expected quick or full")
+    return list(GROUPS)
+
+
+@contextlib.contextmanager
+def _threads(device: str, n: int | None) -> Iterator[None]:
+    """Small-op campaigns run single-threaded on the CPU (thread wake-ups dominate tiny kernels)."""
+    if n is None or torch.device(device).type != "cpu":
+        yield
+        return
+    old = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(old)
+
+
+def _rate_rows(res: Results, check: str, subject: str, dtype: str, metric: str, hits: int, n: int, *,
+               target: float | None, higher_is_better: bool, detail: str) -> None:
+    """Rows ``metric``, ``metric_ci_low``, ``metric_ci_high`` and ``trials`` for one rate."""
+    lo, hi = wilson(hits, n)
+    rate = hits / n if n else math.nan
+    if n == 0:
+        status = "skip"
+    elif target is None:
+        status = "pass"
+    else:
+        status = "pass" if (rate >= target if higher_is_better else rate <= target) else "fail"
+    res.add(check, subject, metric, rate, status=status, threshold=target, dtype=dtype, detail=detail)
+    res.add(check, subject, f"{metric}_ci_low", lo, status="pass" if n else "skip", dtype=dtype,
+            detail="Wilson 95% interval")
+    res.add(check, subject, f"{metric}_ci_high", hi, status="pass" if n else "skip", dtype=dtype,
+            detail="Wilson 95% interval")
+    res.add(check, subject, "trials", n, status="pass" if n else "skip", dtype=dtype)
+
+
+# ----------------------------------------------------------------------------- groups
+
+def _group_abft_gemm(res: Results, target: Any, seed: int, opts: dict[str, Any]) -> None:
+    dev = target.device
+    for dt in ("float32", "bfloat16", "float16", "int8"):
+        g = torch.Generator().manual_seed(seed)
+        shape = (64, 80, 48)
+        if dt == "int8":
+            a = torch.randint(-128, 128, shape[:2], generator=g, dtype=torch.int8)
+            b = torch.randint(-128, 128, shape[1:], generator=g, dtype=torch.int8)
+        else:
+            a = torch.randn(shape[:2], generator=g).to(getattr(torch, dt))
+            b = torch.randn(shape[1:], generator=g).to(getattr(torch, dt))
+        a, b = a.to(dev), b.to(dev)
+        golden = abft._accumulate(a.cpu(), b.cpu())
+        with target.active():
+            c, rep = abft.checked_mm(a, b)
+        expect = golden if dt in ("float32", "int8") else golden.to(a.dtype)
+        same = torch.equal(c.cpu(), expect) if dt == "int8" else bool(
+            torch.allclose(c.cpu().float(), expect.float(), rtol=1e-2, atol=1e-2))
+        res.add("abft_gemm", "checked_mm", "clean_alarm", float(rep.alarm), dtype=dt, threshold=0,
+                status="fail" if rep.alarm else "pass",
+                detail=f"{rep.describe()} seed={seed}" + ("" if same else "; result differs from the CPU golden"))
+        # one flip in the accumulator, between product and check
+        bit_class = "high" if dt == "int8" else "exponent"
+        with target.active():
+            enc = abft.encode_gemm(a, b) if dt == "int8" else abft.encode_gemm(a.float(), b.float())
+            acc = abft._accumulate(a, b)
+            rec = flip_tensor(acc, seed=seed, site="gemm_output", name=f"gemm_{dt}", bit_class=bit_class)
+            rep = abft.verify_gemm(enc, acc, dtype=a.dtype)
+        i, j = divmod(rec.index, shape[2])
+        located = rep.location == (i, j)
+        res.add("abft_gemm", "checked_mm", "injected_detected", float(rep.alarm and located), dtype=dt,
+                threshold=1, status="pass" if rep.alarm and located else "fail",
+                detail=f"{rec.describe()}; {rep.describe()} (expected location {(i, j)})")
+    # checked Linear layers of a real workload (DLRM debug), with a flip in one Linear output
+    wl = _workload("dlrm")
+    if wl is None:
+        res.add("abft_gemm", "protect_dlrm", "injected_detected", math.nan, status="skip",
+                detail="mystique.workloads.dlrm is not available")
+        return
+    mod, cfg = wl
+    model = mod.build_model(cfg, device=torch.device(dev), dtype=torch.float32, seed=seed).eval()
+    batch = mod.make_batch(cfg, device=torch.device(dev), seed=seed)
+    linear_name = next(n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear))
+    with torch.no_grad(), protect(model) as guard:
+        with target.active():
+            mod.forward(model, batch)
+        clean_alarms = len(guard.alarms)
+        with flip_module_output(model.get_submodule(linear_name), seed=seed, bit_class="exponent",
+                                name=linear_name) as recs, target.active():
+            mod.forward(model, batch)
+    hit = [a for a in guard.alarms[clean_alarms:] if a.module == linear_name]
+    res.add("abft_gemm", "protect_dlrm", "injected_detected", float(bool(hit)), threshold=1, dtype="float32",
+            status="pass" if hit and clean_alarms == 0 else "fail",
+            detail=f"{recs[0].describe() if recs else 'no flip'}; clean alarms {clean_alarms}; "
+                   f"{hit[0].describe() if hit else 'not detected'}")
+
+
+def _group_abft_embedding(res: Results, target: Any, seed: int, opts: dict[str, Any]) -> None:
+    dev = target.device
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(500, 32, generator=g)
+    idx = torch.randint(0, 500, (160,), generator=g)
+    off = torch.arange(0, 160, 10)
+    for quant in (False, True):
+        for mode in ("sum", "mean"):
+            name = f"embedding_bag_{'8bit_' if quant else ''}{mode}"
+            ref = F.embedding_bag(idx, (abft.QuantizedTable.from_float(w).dequantize() if quant else w).double(),
+                                  off, mode=mode)
+            if quant:
+                table = abft.QuantizedTable.from_float(w.to(dev))
+                with target.active():
+                    out, rep = abft.checked_quantized_embedding_bag(table, idx.to(dev), off.to(dev), mode)
+                corrupt = table.packed.clone()
+                row = int(idx[7])
+                from .bits import flip_bits_
+
+                flip_bits_(corrupt, row * corrupt.shape[1] + 3, [7])
+                bad = abft.QuantizedTable(corrupt, table.checks, table.dim)
+                with target.active():
+                    _, rep2 = abft.checked_quantized_embedding_bag(bad, idx.to(dev), off.to(dev), mode)
+                what = f"row {row} code byte 3 bit 7"
+            else:
+                aug = abft.augment_table(w.to(dev))
+                with target.active():
+                    out, rep = abft.checked_embedding_bag(aug, idx.to(dev), off.to(dev), mode)
+                corrupt = aug.clone()
+                row = int(idx[7])
+                from .bits import flip_bits_
+
+                flip_bits_(corrupt, row * corrupt.shape[1] + 5, [27])
+                with target.active():
+                    _, rep2 = abft.checked_embedding_bag(corrupt, idx.to(dev), off.to(dev), mode)
+                what = f"row {row} col 5 bit 27"
+            err = float((out.cpu().double() - ref).abs().max())
+            res.add("abft_embedding_bag", name, "clean_alarm", float(rep.alarm), threshold=0,
+                    dtype="uint8" if quant else "float32", status="fail" if rep.alarm else "pass",
+                    detail=f"{rep.describe()} max|out-fp64|={err:.3g} seed={seed}")
+            res.add("abft_embedding_bag", name, "injected_detected", float(rep2.alarm), threshold=1,
+                    dtype="uint8" if quant else "float32", status="pass" if rep2.alarm and 0 in rep2.rows else "fail",
+                    detail=f"table flip {what} (bag 0): {rep2.describe()}")
+
+
+def _workload(name: str, config: str = "debug") -> tuple[Any, Any] | None:
+    try:
+        from mystique import workloads
+    except ImportError:
+        return None
+    try:
+        mod = workloads.get(name)
+    except (ValueError, ImportError):
+        return None
+    if config not in mod.CONFIGS:
+        return None
+    return mod, mod.CONFIGS[config]
+
+
+def _group_false_positives(res: Results, target: Any, seed: int, opts: dict[str, Any]) -> None:
+    n = int(opts["fp_trials"])
+    fn = campaign.clean_trial_fn(seed, target.device, target.active)
+    camp = campaign.Campaign("false_positives", {"seed": seed, "device": target.device, "n": n,
+                                                 "inject": target.inject or ""},
+                             n, fn, opts.get("checkpoint"), progress_every=max(1000, n // 10))
+    with _threads(target.device, 1):
+        outcomes = camp.run()
+    by_op: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for o in outcomes:
+        by_op[o["op"]].append(o)
+    alarms = [o for o in outcomes if o["alarm"]]
+    first = f"; first alarm: {alarms[0]['op']} seed={alarms[0]['seed']} shape={alarms[0]['shape']}" if alarms else ""
+    worst = max((o["ratio"] for o in outcomes if not o["alarm"]), default=0.0)
+    _rate_rows(res, "false_positives", "checked_ops", "", "false_positive_rate", len(alarms), n, target=0.0,
+               higher_is_better=False,
+               detail=f"{len(alarms)} alarms in {n} clean checked ops (campaign seed={seed}, {camp.resumed} resumed); "
+                      f"largest clean |diff|/threshold {worst:.3g}{first}")
+    for op, outs in sorted(by_op.items()):
+        k = sum(o["alarm"] for o in outs)
+        res.add("false_positives", op, "alarms", k, threshold=0, status="fail" if k else "pass",
+                detail=f"{len(outs)} clean ops; largest ratio {max(o['ratio'] for o in outs):.3g}")
+    # protected forwards of the reference workloads: their real activations must raise no alarm
+    for name in opts["workloads"]:
+        wl = _workload(name)
+        if wl is None:
+            res.add("false_positives", f"protect_{name}", "alarms", math.nan, status="skip",
+                    detail=f"workload {name} not available")
+            continue
+        mod, cfg = wl
+        checks = alarms_n = 0
+        worst = 0.0
+        for s in range(int(opts.get("workload_seeds", 3))):
+            model = mod.build_model(cfg, device=torch.device(target.device), dtype=torch.float32, seed=seed + s).eval()
+            batch = mod.make_batch(cfg, device=torch.device(target.device), seed=seed + s)
+            with torch.no_grad(), protect(model) as guard, target.active():
+                mod.forward(model, batch)
+            checks += guard.checks
+            alarms_n += len(guard.alarms)
+            worst = max(worst, guard.max_ratio)
+            first_alarm = guard.alarms[0].describe() if guard.alarms else ""
+        res.add("false_positives", f"protect_{name}", "alarms", alarms_n, threshold=0,
+                status="fail" if alarms_n else "pass", dtype="float32",
+                detail=f"{checks} checked Linear/Embedding calls over {opts.get('workload_seeds', 3)} seeds; "
+                       f"largest clean ratio {worst:.3g} {first_alarm}")
+
+
+def _group_detection(res: Results, target: Any, seed: int, opts: dict[str, Any]) -> None:
+    ops = tuple(opts.get("ops") or (*campaign.GEMM_OPS, *campaign.EMB_OPS, *campaign.CONTRAST_OPS))
+    combos = campaign.detection_combos(ops)
+    n = int(opts["trials"])
+    fn = campaign.detection_trial_fn(combos, seed, target.device, target.active)
+    camp = campaign.Campaign("detection", {"seed": seed, "device": target.device, "n": n, "ops": list(ops),
+                                           "inject": target.inject or ""},
+                             n, fn, opts.get("checkpoint"), progress_every=max(500, n // 10))
+    with _threads(target.device, 1):
+        outcomes = camp.run()
+    keyed: dict[tuple[str, str, str], list[dict[str, Any]]] = defaultdict(list)
+    per_op: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    per_class: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for o in outcomes:
+        keyed[(o["op"], o["site"], o["bit_class"])].append(o)
+        per_op[o["op"]].append(o)
+        per_class[o["bit_class"]].append(o)
+    tol = "significant = moves an output by more than 2^-7 x rms(output) (int8: any change)"
+    for (op, site, cls), outs in sorted(keyed.items()):
+        sig = [o for o in outs if o["significant"]]
+        hits = sum(o["detected"] for o in sig)
+        missed = [o for o in sig if not o["detected"]]
+        benign = len(outs) - len(sig)
+        target_rate = None if op in campaign.CONTRAST_OPS else DETECTION_TARGET
+        detail = (f"{tol}; {len(sig)} significant, {benign} benign ({sum(o['detected'] for o in outs if not o['significant'])} "
+                  f"of them flagged); seed={seed}")
+        if missed:
+            m = missed[0]
+            detail += f"; first miss: seed={m['seed']} shape={m['shape']} bits={m['bits']} delta={m['delta']:.3g}"
+        _rate_rows(res, "detection_campaign", f"{op}/{site}/{cls}", "", "detection_rate", hits, len(sig),
+                   target=target_rate, higher_is_better=True, detail=detail)
+    for op, outs in sorted(per_op.items()):
+        sig = [o for o in outs if o["significant"]]
+        target_rate = None if op in campaign.CONTRAST_OPS else DETECTION_TARGET
+        _rate_rows(res, "detection_campaign", op, "", "detection_rate", sum(o["detected"] for o in sig), len(sig),
+                   target=target_rate, higher_is_better=True,
+                   detail=f"all sites and bit classes; {tol}" + (
+                       "; contrast: bf16 checked after rounding (not the product's method)"
+                       if op in campaign.CONTRAST_OPS else ""))
+    real = [o for o in outcomes if o["op"] not in campaign.CONTRAST_OPS]
+    for cls, outs in sorted(per_class.items()):
+        sig = [o for o in outs if o["significant"] and o["op"] not in campaign.CONTRAST_OPS]
+        _rate_rows(res, "detection_campaign", f"bit_class/{cls}", "", "detection_rate",
+                   sum(o["detected"] for o in sig), len(sig), target=DETECTION_TARGET, higher_is_better=True,
+                   detail=f"all checked ops; {tol}")
+    sig = [o for o in real if o["significant"]]
+    _rate_rows(res, "detection_campaign", "all", "", "detection_rate", sum(o["detected"] for o in sig), len(sig),
+               target=DETECTION_TARGET, higher_is_better=True,
+               detail=f"{len(real)} injected flips, {len(sig)} significant; {tol}; {camp.resumed} trials resumed")
+    res.add("detection_campaign", "all", "significant_fraction", len(sig) / len(real) if real else math.nan,
+            status="pass", detail="share of injected flips that are significant")
+
+
+def _pvf_rows(res: Results, name: str, outcomes: list[dict[str, Any]], config: str, seed: int) -> None:
+    per: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for o in outcomes:
+        per[o["group"]].append(o)
+    stats = []
+    for gname, outs in per.items():
+        k = sum(o["changed"] for o in outs)
+        lo, hi = wilson(k, len(outs))
+        stats.append((gname, k, len(outs), lo, hi))
+    stats.sort(key=lambda s: (-(s[1] / s[2]), -s[3], s[0]))
+    for rank, (gname, k, n, lo, hi) in enumerate(stats, 1):
+        subj = f"{name}/{gname}"
+        first = next((o for o in per[gname] if o["changed"]), None)
+        detail = f"{name} {config}, one random bit flip per trial, seed={seed}"
+        if first:
+            detail += f"; e.g. {first['param']}[{first['index']}] bits {first['bits']} {first['original']:.3g}->{first['corrupted']:.3g}"
+        res.add("pvf", subj, "pvf", k / n, status="pass", dtype="float32", detail=detail)
+        res.add("pvf", subj, "pvf_ci_low", lo, status="pass", dtype="float32", detail="Wilson 95% interval")
+        res.add("pvf", subj, "pvf_ci_high", hi, status="pass", dtype="float32", detail="Wilson 95% interval")
+        res.add("pvf", subj, "trials", n, status="pass", dtype="float32")
+        res.add("pvf", subj, "pvf_rank", rank, status="pass", dtype="float32",
+                detail=f"rank among {len(stats)} parameter groups of {name} (1 = most vulnerable)")
+
+
+def _group_pvf(res: Results, target: Any, seed: int, opts: dict[str, Any]) -> None:
+    config = opts["pvf_config"]
+    for name in opts["workloads"]:
+        wl = _workload(name, config)
+        if wl is None:
+            res.add("pvf", name, "pvf", math.nan, status="skip", detail=f"workload {name} {config} not available")
+            continue
+        mod, cfg = wl
+        dev = torch.device(target.device)
+        model = mod.build_model(cfg, device=dev, dtype=torch.float32, seed=seed).eval()
+        batch = mod.make_batch(cfg, device=dev, seed=seed)
+        with torch.no_grad():
+            golden = mod.forward(model, batch).detach().clone()  # outside the device-under-test mode
+        groups_ = pvf.parameter_groups(model)
+        n = int(opts["pvf_trials"]) * len(groups_)
+        fn = pvf.pvf_trial_fn(name, model, batch, golden, mod.forward, groups_, seed, target.active)
+        camp = campaign.Campaign(f"pvf_{name}", {"seed": seed, "config": config, "device": target.device, "n": n,
+                                                 "inject": target.inject or ""},
+                                 n, fn, opts.get("checkpoint"), progress_every=max(200, n // 5))
+        _pvf_rows(res, name, camp.run(), config, seed)
+
+
+def _group_sdc(res: Results, target: Any, seed: int, opts: dict[str, Any]) -> None:
+    kernels = list(opts.get("sdc_kernels") or sdc.default_kernels(opts["level"]))
+    prog = Progress("sdc_screen", total=len(kernels))
+    for k in kernels:
+        r = sdc.screen(k, seed=seed, runs=int(opts["sdc_runs"]), device=target.device, active=target.active)
+        prog.step(k.name)
+        res.add("sdc_screen", k.name, "mismatched_runs", len(r.mismatched_runs), threshold=0, dtype=k.dtype,
+                status="fail" if r.mismatched_runs else "pass", detail=r.describe())
+        res.add("sdc_screen", k.name, "error_vs_fp64_bound", r.golden_ratio, threshold=1, dtype=k.dtype,
+                status="fail" if r.golden_bad_runs else "pass", detail=r.describe())
+
+
+def _median_times(fns: dict[str, Any], reps: int, sync: Any) -> dict[str, float]:
+    times: dict[str, list[float]] = {k: [] for k in fns}
+    for f in fns.values():  # warm-up
+        f()
+    for _ in range(reps):
+        for k, f in fns.items():
+            sync()
+            t0 = time.perf_counter()
+            f()
+            sync()
+            times[k].append(time.perf_counter() - t0)
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+def _group_overhead(res: Results, target: Any, seed: int, opts: dict[str, Any]) -> None:
+    dev = target.device
+    reps = int(opts["overhead_reps"])
+    g = torch.Generator().manual_seed(seed)
+    for n in opts["overhead_sizes"]:
+        a = torch.randn(n, n, generator=g).to(dev)
+        b = torch.randn(n, n, generator=g).to(dev)
+        w = torch.randn(n, n, generator=g).to(dev)
+        with target.active():
+            t = _median_times({
+                "mm": lambda a=a, b=b: a @ b,
+                "checked_mm": lambda a=a, b=b: abft.checked_mm(a, b),
+                "checked_mm_row": lambda a=a, b=b: abft.checked_mm(a, b, checks="row"),
+                "linear": lambda a=a, w=w: F.linear(a, w),
+                "checked_linear": lambda a=a, w=w: abft.checked_linear(a, w)}, reps, target.synchronize)
+        for name, base, checked in (("gemm", "mm", "checked_mm"), ("gemm_row_check_only", "mm", "checked_mm_row"),
+                                    ("linear", "linear", "checked_linear")):
+            ov = t[checked] / t[base] - 1
+            thr = OVERHEAD_TARGETS["gemm"]
+            res.add("overhead", f"{name}_{n}", "abft_overhead", ov, threshold=thr, unit="ratio", dtype="float32",
+                    status="pass" if ov <= thr else "fail",
+                    detail=f"median of {reps} interleaved reps: unchecked {t[base] * 1e3:.3f} ms, checked "
+                           f"{t[checked] * 1e3:.3f} ms (timer resolution {time.get_clock_info('perf_counter').resolution:.0e} s)")
+    rows, d, bags, length = 100_000, 64, 2048, 40
+    wt = torch.randn(rows, d, generator=g).to(dev)
+    idx = torch.randint(0, rows, (bags * length,), generator=g).to(dev)
+    off = torch.arange(0, bags * length, length).to(dev)
+    aug = abft.augment_table(wt)
+    table = abft.QuantizedTable.from_float(wt)
+    with target.active():
+        t = _median_times({"eb": lambda: F.embedding_bag(idx, wt, off, mode="sum"),
+                           "checked_eb": lambda: abft.checked_embedding_bag(aug, idx, off, "sum"),
+                           "qeb": lambda: abft.quantized_embedding_bag(table, idx, off, "sum"),
+                           "checked_qeb": lambda: abft.checked_quantized_embedding_bag(table, idx, off, "sum")},
+                          reps, target.synchronize)
+    for name, base, checked, dt in (("embedding_bag", "eb", "checked_eb", "float32"),
+                                    ("embedding_bag_8bit", "qeb", "checked_qeb", "uint8")):
+        ov = t[checked] / t[base] - 1
+        thr = OVERHEAD_TARGETS["embedding_bag"]
+        res.add("overhead", f"{name}_{rows}x{d}_b{bags}_l{length}", "abft_overhead", ov, threshold=thr, unit="ratio",
+                dtype=dt, status="pass" if ov <= thr else "fail",
+                detail=f"median of {reps} interleaved reps: unchecked {t[base] * 1e3:.3f} ms, checked {t[checked] * 1e3:.3f} ms")
+
+
+_RUNNERS = {
+    "abft_gemm": _group_abft_gemm,
+    "abft_embedding_bag": _group_abft_embedding,
+    "false_positives": _group_false_positives,
+    "detection_campaign": _group_detection,
+    "pvf": _group_pvf,
+    "sdc_screen": _group_sdc,
+    "overhead": _group_overhead,
+}
+
+
+def run(target: Any, *, level: str = "quick", seed: int = 0, groups: list[str] | tuple[str, ...] | None = None,
+        out_dir: str | Path | None = None, **options: Any) -> pd.DataFrame:
+    """Run the soft-error checks on ``target``; returns the results table (``mystique.results`` columns).
+
+    ``options`` override the level's sizes: ``trials`` (detection campaign), ``fp_trials`` (clean
+    checked ops), ``pvf_trials`` (per parameter group), ``pvf_config``, ``workloads``, ``sdc_runs``,
+    ``overhead_sizes``, ``overhead_reps``, ``ops`` (detection ops), ``checkpoint`` (folder of the campaign
+    checkpoints; default ``out_dir``). Campaign checkpoints are JSONL files in that folder.
+    """
+    if level not in LEVELS:
+        raise UsageError(f"unknown level {level!r}; expected quick or full")
+    chosen = list(groups) if groups else list(GROUPS)
+    unknown = [g for g in chosen if g not in GROUPS]
+    if unknown:
+        raise UsageError(f"unknown soft-error group(s) {', '.join(unknown)}; known: {', '.join(GROUPS)}")
+    opts = {**LEVELS[level], "level": level}
+    bad = [k for k in options if k not in (*LEVELS[level], "ops", "checkpoint", "workload_seeds", "sdc_kernels")]
+    if bad:
+        raise UsageError(f"unknown soft-error option(s) {', '.join(bad)}")
+    opts.update({k: v for k, v in options.items() if v is not None})
+    if opts.get("checkpoint") is None and out_dir is not None:
+        opts["checkpoint"] = out_dir
+    if opts.get("checkpoint") is not None:
+        Path(opts["checkpoint"]).mkdir(parents=True, exist_ok=True)
+    res = Results(RunContext.for_target(target), "soft_errors")
+    prog = Progress("soft_errors", total=len(chosen))
+    for name in chosen:
+        prog.step(name)
+        before = len(res)
+        try:
+            _RUNNERS[name](res, target, seed, opts)
+        except (UsageError, MemoryError):
+            raise
+        except Exception as exc:  # one group failing must not hide the others
+            from mystique.errors import EnvironmentUnsupported
+
+            if isinstance(exc, EnvironmentUnsupported):
+                res.add(name, "group", "ran", 0, status="skip", detail=str(exc))
+            else:
+                res.add(name, "group", "ran", 0, status="error",
+                        detail=f"{type(exc).__name__}: {exc} (seed={seed}, level={level})")
+        if len(res) == before:
+            res.add(name, "group", "ran", 0, status="skip", detail="nothing to check")
+    return res.frame()
