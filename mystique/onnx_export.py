@@ -195,7 +195,11 @@ def unsupported_ops(ep: Any, error: BaseException | None = None) -> list[str]:
         for node in decomposed.graph.nodes:
             if (node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload)
                     and not registry.is_registered(node.target)):
-                found.add(_op_name(node.target))
+                name = _op_name(node.target)
+                orig = node.meta.get("original_aten")
+                if isinstance(orig, torch._ops.OpOverload) and _op_name(orig) != name:
+                    name = f"{_op_name(orig)} (as {name})"
+                found.add(name)
     except Exception:  # noqa: BLE001 - the private registry API moved: read the error instead
         found = set()
     if not found and error is not None:
@@ -672,7 +676,7 @@ class PlanModule(nn.Module):
         env: dict[int, torch.Tensor] = dict(zip(self.input_ids, inputs))
         for tid in self._buffer_ids:
             env[tid] = getattr(self, f"t{tid}")
-        for fn, args, kwargs, outs, op in self._steps:
+        for fn, args, kwargs, outs, _op in self._steps:
             call_args = _fill(args, lambda tid: self._value(env, tid))
             call_kwargs = {k: _fill(v, lambda tid: self._value(env, tid)) for k, v in kwargs.items()}
             res = fn(*call_args, **call_kwargs)

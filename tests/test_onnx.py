@@ -18,13 +18,13 @@ pytest.importorskip("onnxscript")
 import onnx  # noqa: E402
 import onnxruntime as ort  # noqa: E402
 from click.testing import CliRunner  # noqa: E402
+from mystique.validators import onnx_runtime  # noqa: E402
 
 import mystique.cli.cmd_onnx  # noqa: E402,F401  (registers export-onnx and validate onnx)
 from mystique import onnx_export  # noqa: E402
 from mystique.cli import cli  # noqa: E402
 from mystique.errors import EnvironmentUnsupported, UsageError  # noqa: E402
 from mystique.targets import Target  # noqa: E402
-from mystique.validators import onnx_runtime  # noqa: E402
 
 
 def _ort_run(path, feeds):
@@ -92,8 +92,8 @@ def test_block_outputs_found_in_the_graph_are_the_blocks_outputs(llama_export, t
     for b, value in zip(blocks, outs[1:]):
         assert value.shape == tuple(caught[b].shape)
         assert onnx_runtime.normwise_error(value, caught[b]) < 1e-5, b
-    # a block's value differs from the next block's: the mapping is not one value for all
-    assert onnx_runtime.normwise_error(outs[1 + blocks.index("layers.0")], caught["layers.1"]) > 1e-2
+    # a block's value differs from the next block's (by the residual update) far beyond the match above
+    assert onnx_runtime.normwise_error(outs[1 + blocks.index("layers.0")], caught["layers.1"]) > 1e-3
 
 
 def test_export_report_round_trips_through_json(llama_export, tmp_path):
@@ -287,7 +287,7 @@ def test_low_precision_bounds_follow_unit_roundoff():
 @pytest.fixture(scope="module")
 def validated():
     return onnx_runtime.run(Target("cpu"), workloads=("llama", "dlrm", "bert"), config="debug",
-                            low_precision=("float16", "bfloat16"))
+                            low_precision=("float16",))
 
 
 def test_validator_passes_every_workload_within_tolerance(validated):
@@ -306,9 +306,12 @@ def test_validator_passes_every_workload_within_tolerance(validated):
         assert 1e-5 < fp16["value"].iloc[0] < onnx_runtime.lowp_bound(torch.float16)
 
 
-def test_bfloat16_on_onnxruntime_cpu_is_a_skip_naming_the_kernel(validated):
-    bf = validated[(validated["check"] == "onnx_lowp_error_vs_fp64") & (validated["dtype"] == "bfloat16")]
-    assert len(bf) == 3
+def test_bfloat16_on_onnxruntime_cpu_is_a_skip_naming_the_kernel():
+    df = onnx_runtime.run(Target("cpu"), workloads=("dlrm",), low_precision=("bfloat16",), intermediates=False)
+    torch_row = df[df["check"] == "torch_lowp_error_vs_fp64"]
+    assert torch_row["status"].tolist() == ["pass"] and torch_row["dtype"].tolist() == ["bfloat16"]
+    bf = df[(df["check"] == "onnx_lowp_error_vs_fp64") & (df["dtype"] == "bfloat16")]
+    assert len(bf) == 1
     # onnxruntime's CPU provider lacks bfloat16 kernels; should a release add them, the rows pass
     for _, row in bf.iterrows():
         assert row["status"] in ("skip", "pass")

@@ -343,15 +343,27 @@ def encode_value(value: Any) -> Any:
 # ----------------------------------------------------------------------------------------------
 
 
+_TILE = 1 << 22  # elements generated at random per storage; larger storages repeat them
+
+
 def fill_storage(buf: torch.Tensor, recipe: dict[str, Any]) -> None:
     """Fill the flat tensor ``buf`` in place according to a data recipe.
 
-    Recipes: ``randn`` (floats; 0/1 for integers), ``randint`` (``low`` <= v < ``high``),
+    Recipes: ``randn`` (floats with standard deviation ``std``, default 1; 0/1 for integers), ``randint`` (``low`` <= v < ``high``),
     ``uniform_pos`` (floats in [0.1, 1)), ``bernoulli`` (0/1, False/True), ``offsets``
     (non-decreasing, first 0, all <= ``total``), ``zeros``, ``ones``.
     """
     n = buf.numel()
     if n == 0 or buf.device.type == "meta":
+        return
+    if n > _TILE and recipe.get("kind") != "offsets":
+        # large storages: random data for one block, repeated (generation is far slower than copying)
+        fill_storage(buf[:_TILE], recipe)
+        done = _TILE
+        while done < n:
+            k = min(done, n - done)
+            buf[done:done + k].copy_(buf[:k])
+            done += k
         return
     kind = recipe.get("kind", "randn")
     dt = buf.dtype
@@ -388,10 +400,11 @@ def fill_storage(buf: torch.Tensor, recipe: dict[str, Any]) -> None:
             else:
                 buf.copy_(torch.randint(1, 3, (n,), device=buf.device).to(dt))
         elif floating:
+            std = float(recipe.get("std", 1.0))
             if dt.is_floating_point and dt.itemsize == 1:  # float8: generate wider, then cast
-                buf.copy_(torch.randn(n, device=buf.device))
+                buf.copy_(torch.randn(n, device=buf.device) * std)
             else:
-                buf.normal_()
+                buf.normal_(0.0, std)
         else:
             buf.copy_(torch.randint(0, 2, (n,), device=buf.device).to(dt))
 

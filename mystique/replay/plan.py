@@ -458,6 +458,9 @@ class _Builder:
             elif name in ("aten::addcdiv", "aten::addcdiv_", "aten::_foreach_addcdiv", "aten::_foreach_addcdiv_"):
                 for e in _tensor_encs(named.get("tensor2")):
                     kinds.setdefault(self.tensors[e]["storage"], {"kind": "uniform_pos"})
+        first_shape: dict[int, list[int]] = {}
+        for t in self.tensors:
+            first_shape.setdefault(t["storage"], t["shape"])
         for tid_, (lo, hi) in self.trace_ranges.items():
             self.ranges.setdefault(self.tensors[tid_]["storage"], []).insert(0, (lo, hi))
         for st in self.storages:
@@ -477,6 +480,11 @@ class _Builder:
                 st["recipe"] = {"kind": "randint", "low": int(lo), "high": int(max(hi, lo + 1))}
             elif st["dtype"] in _FLOAT_DTYPES or st["dtype"].startswith(("complex", "float8")):
                 st["recipe"] = {"kind": "randn"}
+                shape = first_shape.get(sid)
+                if shape and len(shape) >= 2 and math.prod(shape[1:]) > 1:
+                    # weights are initialised with a spread of about 1/sqrt(fan_in); unit-variance data in
+                    # their place drives activations into ranges (denormals, saturation) the model never saw
+                    st["recipe"]["std"] = round(1.0 / math.sqrt(math.prod(shape[1:])), 6)
             else:
                 st["recipe"] = {"kind": "randint", "low": 0, "high": 2}
 

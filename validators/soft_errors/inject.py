@@ -97,7 +97,7 @@ def flip_module_output(module: nn.Module, *, seed: int = 0, bit_class: str = "an
                                        site="module_output", target=name, seed=seed))
         return None
 
-    handle = module.register_forward_hook(hook)
+    handle = module.register_forward_hook(hook, prepend=True)  # before any checker sees the output
     try:
         yield records
     finally:

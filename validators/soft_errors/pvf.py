@@ -64,10 +64,11 @@ def pvf_trial_fn(workload: str, model: nn.Module, batch: dict[str, torch.Tensor]
         params = groups[gname]
         sizes = [t.numel() for _, t in params]
         pick = rng.randrange(sum(sizes))
-        for (pname, t), size in zip(params, sizes):
-            if pick < size:
-                break
-            pick -= size
+        which = 0
+        while pick >= sizes[which]:
+            pick -= sizes[which]
+            which += 1
+        pname = params[which][0]
         with torch.no_grad(), flip_parameter(model, pname, seed=s, index=pick, bit_class="any") as rec:
             with active():
                 out = forward(model, batch)

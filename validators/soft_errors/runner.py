@@ -217,8 +217,7 @@ def _group_false_positives(res: Results, target: Any, seed: int, opts: dict[str,
     camp = campaign.Campaign("false_positives", {"seed": seed, "device": target.device, "n": n,
                                                  "inject": target.inject or ""},
                              n, fn, opts.get("checkpoint"), progress_every=max(1000, n // 10))
-    with _threads(target.device, 1):
-        outcomes = camp.run()
+    outcomes = camp.run()
     by_op: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for o in outcomes:
         by_op[o["op"]].append(o)
@@ -266,8 +265,7 @@ def _group_detection(res: Results, target: Any, seed: int, opts: dict[str, Any])
     camp = campaign.Campaign("detection", {"seed": seed, "device": target.device, "n": n, "ops": list(ops),
                                            "inject": target.inject or ""},
                              n, fn, opts.get("checkpoint"), progress_every=max(500, n // 10))
-    with _threads(target.device, 1):
-        outcomes = camp.run()
+    outcomes = camp.run()
     keyed: dict[tuple[str, str, str], list[dict[str, Any]]] = defaultdict(list)
     per_op: dict[str, list[dict[str, Any]]] = defaultdict(list)
     per_class: dict[str, list[dict[str, Any]]] = defaultdict(list)
@@ -427,6 +425,8 @@ def _group_overhead(res: Results, target: Any, seed: int, opts: dict[str, Any]) 
                 detail=f"median of {reps} interleaved reps: unchecked {t[base] * 1e3:.3f} ms, checked {t[checked] * 1e3:.3f} ms")
 
 
+# groups of many tiny operators: single-threaded on the CPU, where thread wake-ups would dominate
+_SMALL_OP_GROUPS = ("abft_gemm", "abft_embedding_bag", "false_positives", "detection_campaign", "pvf")
 _RUNNERS = {
     "abft_gemm": _group_abft_gemm,
     "abft_embedding_bag": _group_abft_embedding,
@@ -468,7 +468,8 @@ def run(target: Any, *, level: str = "quick", seed: int = 0, groups: list[str] |
         prog.step(name)
         before = len(res)
         try:
-            _RUNNERS[name](res, target, seed, opts)
+            with _threads(target.device, 1 if name in _SMALL_OP_GROUPS else None):
+                _RUNNERS[name](res, target, seed, opts)
         except (UsageError, MemoryError):
             raise
         except Exception as exc:  # one group failing must not hide the others

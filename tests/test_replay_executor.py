@@ -1,0 +1,367 @@
+"""The replay executor on hand-written plans: schemas, argument encoding, aliasing, in-place and
+out= ops, foreach ops, no-ops, collectives, device remapping, memory refusal, fallbacks."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from mystique.replay import executor as ex
+
+
+class PlanMaker:
+    """Builds small plans by hand: storages, tensors and ops in the executor's JSON format."""
+
+    def __init__(self, original_device: str = "cpu"):
+        self.storages: list[dict] = []
+        self.tensors: list[dict] = []
+        self.ops: list[dict] = []
+        self.original_device = original_device
+
+    def storage(self, nbytes: int, dtype: str = "float32", device: str | None = None, recipe=None,
+                external: bool = True, anchor=None) -> int:
+        sid = len(self.storages)
+        self.storages.append({"id": sid, "nbytes": nbytes, "dtype": dtype, "device": device or self.original_device,
+                              "external": external, "anchor": anchor, "recipe": recipe or {"kind": "randn"}})
+        return sid
+
+    def tensor(self, sid: int, shape, strides=None, offset: int = 0, dtype: str = "float32",
+               source: str = "external", device: str | None = None) -> int:
+        tid = len(self.tensors)
+        self.tensors.append({"id": tid, "storage": sid, "offset": offset, "shape": list(shape),
+                             "strides": list(strides) if strides is not None else ex.contiguous_strides(shape),
+                             "dtype": dtype, "device": device or self.original_device, "source": source})
+        return tid
+
+    def out(self, shape, dtype: str = "float32", device: str | None = None) -> int:
+        """A tensor produced by an op into a new storage."""
+        n = math.prod(shape) if shape else 1
+        sid = self.storage(max(n, 1) * torch.empty((), dtype=getattr(torch, dtype)).element_size(), dtype,
+                           device, external=False)
+        tid = self.tensor(sid, shape, dtype=dtype, source="output", device=device)
+        self.storages[sid]["anchor"] = tid
+        return tid
+
+    def op(self, name: str, overload: str, args, kwargs=None, outputs=(), action: str = "call", reason: str = ""):
+        self.ops.append({"index": len(self.ops), "node_id": len(self.ops) + 1, "rf_id": None, "name": name,
+                         "op": f"{name}.{overload}", "schema": "", "action": action, "reason": reason,
+                         "args": args, "kwargs": kwargs or {}, "outputs": list(outputs), "orig_us": None,
+                         "scope": ""})
+
+    def plan(self) -> dict:
+        return {"format": ex.PLAN_FORMAT, "version": ex.PLAN_VERSION,
+                "metadata": {"original_device": self.original_device},
+                "storages": self.storages, "tensors": self.tensors,
+                "inputs": [t["id"] for t in self.tensors if t["source"] == "external"], "ops": self.ops}
+
+
+def T(tid: int) -> dict:
+    return {"t": tid}
+
+
+# ---------------------------------------------------------------------------------------------
+# schemas
+
+
+def test_parse_schema_reads_positional_kwarg_only_optional_and_list_arguments():
+    s = ex.parse_schema("aten::addmm.out(Tensor self, Tensor mat1, Tensor mat2, *, Scalar beta=1, "
+                        "Scalar alpha=1, Tensor(a!) out) -> Tensor(a!)")
+    assert (s.namespace, s.name, s.overload) == ("aten", "addmm", "out")
+    assert [a.name for a in s.args] == ["self", "mat1", "mat2", "beta", "alpha", "out"]
+    assert [a.kwarg_only for a in s.args] == [False, False, False, True, True, True]
+    assert s.args[5].mutable and s.args[5].base_type == "Tensor"
+    e = ex.parse_schema("aten::index.Tensor(Tensor self, Tensor?[] indices) -> Tensor")
+    assert e.overload == "Tensor" and e.args[1].base_type == "Tensor[]" and e.args[1].is_list
+    d = ex.parse_schema('aten::empty.memory_format(SymInt[] size, *, ScalarType? dtype=None, Layout? layout=None, '
+                        'Device? device=None, bool? pin_memory=None, MemoryFormat? memory_format=None) -> Tensor')
+    assert d.args[1].optional and d.args[1].default == "None" and d.args[0].base_type == "SymInt[]"
+    assert ex.parse_schema("aten::relu(Tensor self) -> Tensor").overload == "default"
+    q = ex.parse_schema('aten::div.Tensor_mode(Tensor self, Tensor other, *, str? rounding_mode) -> Tensor')
+    assert q.args[2].type == "str?"
+    with pytest.raises(ValueError):
+        ex.parse_schema("not a schema")
+
+
+def test_every_registered_aten_schema_parses_to_its_own_argument_names():
+    names = ["addmm", "empty", "index", "_foreach_add_", "embedding_bag", "convolution_backward", "split"]
+    for n in names:
+        for text in ex.overload_schemas(f"aten::{n}"):
+            sch = ex.parse_schema(text)
+            op = ex.resolve_overload(sch.qualified)
+            assert op is not None, text
+            assert [a.name for a in sch.args] == [a.name for a in op._schema.arguments], text
+
+
+# ---------------------------------------------------------------------------------------------
+# argument encoding
+
+
+_leaf = st.one_of(
+    st.none(), st.booleans(), st.integers(-(2**62), 2**62),
+    st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=8),
+    st.sampled_from([torch.float32, torch.bfloat16, torch.int64, torch.bool, torch.float16]),
+    st.sampled_from([torch.strided, torch.sparse_coo]),
+    st.sampled_from([torch.contiguous_format, torch.channels_last, torch.preserve_format]),
+    st.sampled_from([torch.device("cpu"), torch.device("cuda", 0), torch.device("cuda", 3)]),
+    st.integers(0, 10_000).map(ex.TensorSlot),
+)
+_values = st.recursive(_leaf, lambda inner: st.lists(inner, max_size=4), max_leaves=12)
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, float) and isinstance(b, float) and math.isnan(a):
+        return math.isnan(b)
+    if isinstance(a, list):
+        return isinstance(b, list) and len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    return type(a) is type(b) and a == b
+
+
+@given(_values)
+@settings(max_examples=200, deadline=None)
+def test_encode_json_decode_round_trips_every_argument_kind(value):
+    text = json.dumps(ex.encode_value(value), allow_nan=False)
+    assert _same(ex.decode_value(json.loads(text)), value)
+
+
+# ---------------------------------------------------------------------------------------------
+# storage aliasing
+
+
+@st.composite
+def _views(draw):
+    """Storages (sizes in elements) and strided views into them that stay in bounds."""
+    n_storages = draw(st.integers(1, 3))
+    sizes = [draw(st.integers(1, 64)) for _ in range(n_storages)]
+    views = []
+    for _ in range(draw(st.integers(1, 6))):
+        s = draw(st.integers(0, n_storages - 1))
+        ndim = draw(st.integers(0, 3))
+        shape = [draw(st.integers(1, 4)) for _ in range(ndim)]
+        strides = [draw(st.integers(0, 5)) for _ in range(ndim)]
+        span = sum((a - 1) * b for a, b in zip(shape, strides)) + 1
+        if span > sizes[s]:
+            sizes[s] = span
+        offset = draw(st.integers(0, sizes[s] - span))
+        views.append((s, shape, strides, offset))
+    return sizes, views
+
+
+@given(_views())
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_materialised_views_share_storage_exactly_as_recorded(spec):
+    sizes, views = spec
+    pm = PlanMaker()
+    sids = [pm.storage(n * 4) for n in sizes]
+    tids = [pm.tensor(sids[s], shape, strides, offset) for s, shape, strides, offset in views]
+    for t in tids:
+        pm.op("aten::alias", "default", [T(t)], outputs=[])
+    e = ex.Executor(pm.plan(), "cpu")
+    e.prepare()
+    mats = [e._external[t] for t in tids]
+    for (s, shape, strides, offset), m in zip(views, mats):
+        assert list(m.shape) == shape and list(m.stride()) == strides and m.storage_offset() == offset
+    for i, (si, *_r) in enumerate(views):
+        for j, (sj, *_q) in enumerate(views):
+            same = mats[i].untyped_storage().data_ptr() == mats[j].untyped_storage().data_ptr()
+            assert same == (si == sj), (i, j)
+    # a write through one view is seen through every view of the same storage element
+    for (s, shape, strides, offset), m in zip(views, mats):
+        m.fill_(7.0)
+        for (s2, _sh2, _st2, _o2), m2 in zip(views, mats):
+            if s2 == s:
+                base = torch.empty(0).set_(m2.untyped_storage(), 0, (sizes[s],), (1,))
+                assert base[offset].item() == 7.0
+
+
+def test_views_of_one_storage_with_different_dtypes_alias_bytes():
+    pm = PlanMaker()
+    s = pm.storage(64, "float32")
+    a = pm.tensor(s, [16], dtype="float32")
+    b = pm.tensor(s, [8], dtype="int64", offset=2)
+    pm.op("aten::alias", "default", [T(a)])
+    pm.op("aten::alias", "default", [T(b)])
+    e = ex.Executor(pm.plan(), "cpu")
+    e.prepare()
+    ta, tb = e._external[a], e._external[b]
+    assert tb.dtype == torch.int64 and tb.storage_offset() == 2
+    assert tb.data_ptr() - ta.data_ptr() == 16
+
+
+# ---------------------------------------------------------------------------------------------
+# ops
+
+
+def test_in_place_op_mutates_every_aliased_view():
+    pm = PlanMaker()
+    s = pm.storage(8 * 4, recipe={"kind": "zeros"})
+    whole = pm.tensor(s, [8])
+    half = pm.tensor(s, [4], offset=4)
+    pm.op("aten::add_", "Tensor", [T(half), T(half)], {"alpha": 1}, outputs=[T(half)])
+    pm.op("aten::fill_", "Scalar", [T(half), 3.0], outputs=[T(half)])
+    out = pm.out([8])
+    pm.op("aten::clone", "default", [T(whole)], outputs=[T(out)])
+    pm.op("aten::sum", "default", [T(out)], outputs=[])
+    e = ex.Executor(pm.plan(), "cpu")
+    e.probe()
+    w = e._external[whole]
+    assert w[:4].tolist() == [0.0] * 4 and w[4:].tolist() == [3.0] * 4
+    assert all(s.state == "replayed" for s in e.status)
+
+
+def test_out_variant_writes_into_the_recorded_output_view():
+    pm = PlanMaker()
+    a = pm.tensor(pm.storage(4 * 4, recipe={"kind": "ones"}), [2, 2])
+    buf = pm.storage(8 * 4, recipe={"kind": "zeros"})
+    dest = pm.tensor(buf, [2, 2], offset=4)
+    pm.op("aten::mm", "out", [T(a), T(a)], {"out": T(dest)}, outputs=[T(dest)])
+    e = ex.Executor(pm.plan(), "cpu")
+    e.probe()
+    assert e.status[0].state == "replayed"
+    base = torch.empty(0).set_(e._external[dest].untyped_storage(), 0, (8,), (1,))
+    assert base.tolist() == [0, 0, 0, 0, 2, 2, 2, 2]
+
+
+def test_foreach_add_updates_each_tensor_of_the_list():
+    pm = PlanMaker()
+    ts = [pm.tensor(pm.storage(3 * 4, recipe={"kind": "zeros"}), [3]) for _ in range(3)]
+    pm.op("aten::_foreach_add_", "Scalar", [[T(t) for t in ts], 2.0], outputs=[])
+    outs = [pm.out([3]) for _ in range(3)]
+    pm.op("aten::_foreach_mul", "Scalar", [[T(t) for t in ts], 3.0], outputs=[[T(o) for o in outs]])
+    cat = pm.out([9])
+    pm.op("aten::cat", "default", [[T(o) for o in outs], 0], outputs=[T(cat)])
+    pm.op("aten::sum", "default", [T(cat)])
+    e = ex.Executor(pm.plan(), "cpu")
+    e.probe()
+    assert [s.state for s in e.status] == ["replayed"] * 4
+    assert all(e._external[t].tolist() == [2.0, 2.0, 2.0] for t in ts)
+    assert e.counts()["fallbacks"] == 0
+
+
+def test_record_stream_is_a_noop_and_collectives_are_skipped_and_counted():
+    pm = PlanMaker("cuda:0")
+    x = pm.tensor(pm.storage(16), [4])
+    y = pm.out([4])
+    pm.op("aten::record_stream", "default", [T(x), None], action="noop", reason="profiler/stream bookkeeping")
+    pm.op("c10d::allreduce_", "default", [[T(x)]], outputs=[[T(x)]], action="skip", reason="collective")
+    pm.op("record_param_comms", "record_param_comms", [[T(x)], 1, "allreduce"], outputs=[T(y)],
+          action="skip", reason="collective")
+    z = pm.out([4])
+    pm.op("aten::add", "Tensor", [T(y), T(x)], {"alpha": 1}, outputs=[T(z)])
+    e = ex.Executor(pm.plan(), "cpu")
+    e.probe()
+    c = e.counts()
+    assert c["total"] == 4 and c["replayed"] == 2 and c["noop"] == 1
+    assert c["skipped"] == {"c10d::allreduce_": 1, "record_param_comms": 1}
+    assert c["reasons"]["record_param_comms"] == "collective"
+    assert e.status[3].state == "replayed"  # consumed a synthetic stand-in for the collective's output
+
+
+def test_unavailable_custom_op_and_failing_op_are_skipped_with_reasons():
+    pm = PlanMaker()
+    x = pm.tensor(pm.storage(16), [4])
+    y = pm.out([4])
+    pm.op("fbgemm::no_such_op", "default", [T(x)], outputs=[T(y)])
+    bad = pm.out([4])
+    pm.op("aten::mm", "default", [T(x), T(x)], outputs=[T(bad)])  # 1-D mm raises
+    z = pm.out([4])
+    pm.op("aten::add", "Tensor", [T(y), T(bad)], {"alpha": 1}, outputs=[T(z)])
+    e = ex.Executor(pm.plan(), "cpu")
+    e.probe()
+    c = e.counts()
+    assert c["reasons"]["fbgemm::no_such_op"] == "custom op unavailable"
+    assert c["reasons"]["aten::mm"].startswith("error: RuntimeError")
+    assert e.status[2].state == "replayed"
+
+
+def test_data_dependent_ops_run_and_disagreeing_results_fall_back_to_synthetic_tensors():
+    pm = PlanMaker()
+    x = pm.tensor(pm.storage(16 * 4, recipe={"kind": "randn"}), [16])
+    nz = pm.out([3, 1], dtype="int64")  # the trace saw 3 non-zeros; synthetic data has ~16
+    pm.op("aten::nonzero", "default", [T(x)], outputs=[T(nz)])
+    s = pm.out([], dtype="int64")
+    pm.op("aten::sum", "default", [T(nz)], outputs=[T(s)])
+    pm.op("aten::item", "default", [T(s)], outputs=[None])
+    pm.op("aten::_local_scalar_dense", "default", [T(s)], outputs=[None])
+    u = pm.out([5])
+    pm.op("aten::unique_dim", "default", [T(x), 0, True, False, False], outputs=[T(u), None, None])
+    e = ex.Executor(pm.plan(), "cpu")
+    e.probe()
+    assert all(st.state == "replayed" for st in e.status)
+    assert e.counts()["fallbacks"] >= 1
+
+
+def test_trace_on_cuda_replays_on_cpu_with_device_arguments_remapped():
+    pm = PlanMaker("cuda:0")
+    x = pm.tensor(pm.storage(16, device="cuda:0"), [4], device="cuda:0")
+    e1 = pm.out([2, 2], device="cuda:0")
+    pm.op("aten::empty", "memory_format", [[2, 2]],
+          {"dtype": {"dtype": "float32"}, "layout": {"layout": "strided"}, "device": {"device": "cuda:0"},
+           "pin_memory": False, "memory_format": None}, outputs=[T(e1)])
+    c = pm.out([4], device="cpu")
+    pm.op("aten::to", "device", [T(x), {"device": "cpu"}, {"dtype": "float32"}, False, False, None], outputs=[T(c)])
+    pm.op("aten::pin_memory", "default", [T(c), None], outputs=[T(c)])
+    e = ex.Executor(pm.plan(), "cpu")
+    assert e.map_device("cuda:0") == torch.device("cpu") and e.map_device("cuda:1") == torch.device("cpu")
+    e.probe()
+    assert [s.state for s in e.status] == ["replayed"] * 3
+    assert e._external[x].device.type == "cpu"
+
+
+def test_cpu_trace_maps_to_the_replay_device_and_cpu_stays_cpu_for_accelerator_traces():
+    e = ex.Executor(PlanMaker("cpu").plan(), "meta")
+    assert e.map_device("cpu") == torch.device("meta")
+    g = ex.Executor(PlanMaker("cuda:0").plan(), "cpu")
+    assert g.map_device("cpu") == torch.device("cpu")
+
+
+def test_plan_whose_peak_exceeds_available_memory_is_refused_before_running():
+    pm = PlanMaker()
+    x = pm.tensor(pm.storage(1 << 50), [1 << 48])  # a PiB
+    pm.op("aten::relu", "default", [T(x)])
+    e = ex.Executor(pm.plan(), "cpu")
+    assert e.peak_bytes() == 1 << 50
+    with pytest.raises(ex.InsufficientMemory) as info:
+        e.prepare()
+    assert "GiB" in str(info.value) and not e._external
+
+
+def test_schedule_frees_produced_storages_after_last_use():
+    pm = PlanMaker()
+    x = pm.tensor(pm.storage(400), [100])
+    a = pm.out([100])
+    pm.op("aten::relu", "default", [T(x)], outputs=[T(a)])
+    b = pm.out([100])
+    pm.op("aten::relu", "default", [T(a)], outputs=[T(b)])  # a is dead after this op
+    c = pm.out([100])
+    pm.op("aten::relu", "default", [T(b)], outputs=[T(c)])
+    s = ex.schedule(pm.plan())
+    assert s["external_bytes"] == 400
+    assert s["peak_bytes"] == 400 + 800  # never all three intermediates at once
+    e = ex.Executor(pm.plan(), "cpu")
+    e.prepare()
+    assert e._compiled[1].free == [a] and e._compiled[2].free == [b, c]
+
+
+def test_whole_iteration_and_per_op_timings_have_the_expected_shape():
+    pm = PlanMaker()
+    x = pm.tensor(pm.storage(64 * 64 * 4), [64, 64])
+    y = pm.out([64, 64])
+    pm.op("aten::mm", "default", [T(x), T(x)], outputs=[T(y)])
+    pm.op("aten::record_stream", "default", [T(x), None], action="noop")
+    e = ex.Executor(pm.plan(), "cpu")
+    it = e.time_iterations(3, warmup=1)
+    ops = e.time_ops(2)
+    assert len(it) == 3 and all(t > 0 for t in it)
+    assert len(ops) == 2 and ops[0] > 0 and math.isnan(ops[1])
+
+
+def test_bad_plans_are_rejected():
+    with pytest.raises(ex.ReplayError):
+        ex.check_plan({"format": "something"})
+    with pytest.raises(ex.ReplayError, match="version"):
+        ex.check_plan({"format": ex.PLAN_FORMAT, "version": 99})

@@ -1,0 +1,307 @@
+"""Soft errors: bit flips, Wilson intervals, checked operators, protect(), BitFlipMode, campaigns."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import random
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from mystique.validators.soft_errors import abft, bits, campaign, inject, stats
+from mystique.validators.soft_errors.protect import protect
+
+from mystique.errors import UsageError
+
+FLOATS = [torch.float32, torch.bfloat16, torch.float16]
+ALL = [*FLOATS, torch.int8, torch.int32]
+
+
+# ----------------------------------------------------------------------------- bits
+
+@settings(max_examples=60, deadline=None)
+@given(dt=st.sampled_from(ALL), value=st.floats(-1e4, 1e4, allow_nan=False), data=st.data())
+def test_flipping_the_same_bits_twice_is_identity(dt, value, data):
+    width = bits.dtype_bits(dt)
+    chosen = data.draw(st.lists(st.integers(0, width - 1), min_size=1, max_size=4, unique=True))
+    t = torch.tensor([value]).to(dt)
+    before = bits.int_view(t.clone())
+    bits.flip_bits_(t, 0, chosen)
+    assert not torch.equal(bits.int_view(t.clone()), before)
+    bits.flip_bits_(t, 0, chosen)
+    assert torch.equal(bits.int_view(t.clone()), before)
+
+
+@settings(max_examples=40, deadline=None)
+@given(dt=st.sampled_from(FLOATS), value=st.floats(-6e4, 6e4, allow_nan=False, allow_infinity=False))
+def test_flipping_the_sign_bit_negates(dt, value):
+    t = torch.tensor([value]).to(dt)
+    orig, new = bits.flip_bits_(t, 0, bits.bit_classes(dt)["sign"])
+    assert new == -orig and math.copysign(1, new) != math.copysign(1, orig)
+
+
+@settings(max_examples=80, deadline=None)
+@given(dt=st.sampled_from(FLOATS), value=st.floats(1e-3, 1e3), data=st.data())
+def test_exponent_flips_scale_by_a_power_of_two(dt, value, data):
+    exp_bits = bits.bit_classes(dt)["exponent"]
+    b = data.draw(st.sampled_from(exp_bits))
+    t = torch.tensor([value]).to(dt)
+    orig, new = bits.flip_bits_(t, 0, [b])
+    step = 2 ** (b - exp_bits[0])
+    if new != 0 and math.isfinite(new) and abs(new) >= torch.finfo(dt).tiny:
+        ratio = new / orig
+        assert ratio in (2.0**step, 2.0**-step)
+
+
+def test_bit_classes_partition_the_word():
+    for dt in ALL + [torch.uint8]:
+        classes = bits.bit_classes(dt)
+        parts = [b for name, bs in classes.items() if name != "any" for b in bs]
+        assert sorted(parts) == list(range(bits.dtype_bits(dt))) == classes["any"]
+
+
+def test_burst_and_multiple_patterns_stay_in_the_word():
+    rng = random.Random(1)
+    for _ in range(200):
+        burst = bits.choose_bits(torch.float32, "mantissa", "burst", 4, rng)
+        assert burst == list(range(burst[0], burst[0] + 4)) and burst[-1] < 32
+        multi = bits.choose_bits(torch.bfloat16, "exponent", "multiple", 3, rng)
+        assert len(set(multi)) == 3 and all(7 <= b <= 14 for b in multi)
+    with pytest.raises(UsageError):
+        bits.choose_bits(torch.int8, "exponent")
+
+
+# ----------------------------------------------------------------------------- Wilson
+
+def test_wilson_matches_known_values():
+    lo, hi = stats.wilson(5, 10)
+    assert lo == pytest.approx(0.2366, abs=1e-4) and hi == pytest.approx(0.7634, abs=1e-4)
+    lo, hi = stats.wilson(0, 30000)
+    assert lo == 0.0 and hi == pytest.approx(3.8415 / (30000 + 3.8415), rel=1e-3)
+    lo, hi = stats.wilson(81, 263)  # Wilson (1927) style textbook example: 0.2553 .. 0.3662
+    assert lo == pytest.approx(0.2553, abs=2e-4) and hi == pytest.approx(0.3662, abs=2e-4)
+    assert stats.wilson(0, 0) == (0.0, 1.0)
+
+
+@settings(max_examples=100, deadline=None)
+@given(n=st.integers(1, 100000), data=st.data())
+def test_wilson_bounds_solve_the_score_equation(n, data):
+    k = data.draw(st.integers(0, n))
+    lo, hi = stats.wilson(k, n)
+    p = k / n
+    z2 = stats.Z95**2
+    assert 0 <= lo <= p <= hi <= 1
+    for bound in (lo, hi):
+        if 0 < bound < 1:
+            assert (p - bound) ** 2 == pytest.approx(z2 * bound * (1 - bound) / n, rel=1e-6, abs=1e-15)
+
+
+# ----------------------------------------------------------------------------- checked operators
+
+@settings(max_examples=120, deadline=None)
+@given(m=st.integers(1, 70), k=st.integers(1, 300), n=st.integers(1, 70), dt=st.sampled_from(FLOATS),
+       dist=st.sampled_from(campaign.DISTRIBUTIONS + ("constant", "same_rows")), scale=st.floats(-8, 8),
+       seed=st.integers(0, 2**31))
+def test_checked_mm_never_alarms_on_clean_data(m, k, n, dt, dist, scale, seed):
+    g = torch.Generator().manual_seed(seed)
+    if dist == "constant":
+        a, b = torch.full((m, k), 0.1), torch.full((k, n), 0.7)
+    elif dist == "same_rows":
+        a, b = torch.rand(1, k, generator=g).expand(m, k).contiguous(), torch.rand(k, n, generator=g)
+    else:
+        a, b = campaign.random_matrix((m, k), dist, g), campaign.random_matrix((k, n), dist, g)
+    s = 10.0 ** (scale / 2 if dt == torch.float16 else scale)
+    c, rep = abft.checked_mm((a * s).to(dt), b.to(dt))
+    assert not rep.alarm, rep.describe()
+    assert c.dtype == dt and c.shape == (m, n)
+
+
+@pytest.mark.parametrize("dt", [torch.float32, torch.bfloat16, torch.float16, torch.int8])
+def test_checked_mm_detects_and_locates_an_accumulator_flip(dt):
+    g = torch.Generator().manual_seed(3)
+    if dt == torch.int8:
+        a = torch.randint(-128, 128, (33, 40), generator=g, dtype=torch.int8)
+        b = torch.randint(-128, 128, (40, 21), generator=g, dtype=torch.int8)
+    else:
+        a, b = torch.randn(33, 40, generator=g).to(dt), torch.randn(40, 21, generator=g).to(dt)
+    c, rep = abft.checked_mm(a, b)
+    assert not rep.alarm
+    enc = abft.encode_gemm(a, b) if dt == torch.int8 else abft.encode_gemm(a.float(), b.float())
+    acc = abft._accumulate(a, b)
+    bit = 3 if dt == torch.int8 else 27  # an int32 low bit / an fp32 exponent bit
+    bits.flip_bits_(acc, 5 * 21 + 7, [bit])
+    rep = abft.verify_gemm(enc, acc, dtype=dt)
+    assert rep.alarm and rep.location == (5, 7)
+
+
+def test_int8_check_is_exact_even_for_the_lowest_bit():
+    g = torch.Generator().manual_seed(0)
+    a = torch.randint(-128, 128, (16, 64), generator=g, dtype=torch.int8)
+    b = torch.randint(-128, 128, (64, 8), generator=g, dtype=torch.int8)
+    enc = abft.encode_gemm(a, b)
+    acc = abft._accumulate(a, b)
+    assert torch.equal(acc, (a.long() @ b.long()).int())
+    bits.flip_bits_(acc, 17, [0])
+    assert abft.verify_gemm(enc, acc, dtype=torch.int8).alarm
+
+
+def test_bf16_checked_on_the_accumulator_catches_what_the_rounded_check_misses():
+    ops = ("gemm_bfloat16", "gemm_bfloat16_rounded_check")
+    combos = [(op, "gemm_output", cls, "single") for op in ops for cls in ("exponent", "mantissa", "sign")]
+    fn = campaign.detection_trial_fn(combos, 5, "cpu", contextlib.nullcontext)
+    outs = [fn(i) for i in range(240)]
+    rate = {}
+    for op in ops:
+        sig = [o for o in outs if o["op"] == op and o["significant"]]
+        rate[op] = sum(o["detected"] for o in sig) / len(sig)
+    assert rate["gemm_bfloat16"] == 1.0
+    assert rate["gemm_bfloat16_rounded_check"] < 0.95
+
+
+def test_checked_linear_with_bias_matches_f_linear_and_detects():
+    g = torch.Generator().manual_seed(1)
+    x, w, bias = torch.randn(4, 5, 24, generator=g), torch.randn(12, 24, generator=g), torch.randn(12, generator=g)
+    y, rep = abft.checked_linear(x, w, bias)
+    assert not rep.alarm and torch.allclose(y, F.linear(x, w, bias), atol=1e-5)
+    enc = abft.encode_gemm(x.reshape(-1, 24), w.t(), bias=bias)
+    acc = F.linear(x.reshape(-1, 24), w, bias)
+    bits.flip_bits_(acc, 40, [31])
+    assert abft.verify_gemm(enc, acc, dtype=torch.float32).alarm
+
+
+@pytest.mark.parametrize("mode", ["sum", "mean"])
+@pytest.mark.parametrize("quant", [False, True])
+def test_checked_embedding_bag_is_right_quiet_when_clean_and_detects_a_table_flip(mode, quant):
+    g = torch.Generator().manual_seed(2)
+    w = torch.randn(300, 24, generator=g) * 3
+    idx = torch.randint(0, 300, (90,), generator=g)
+    off = torch.tensor([0, 10, 25, 25, 60])  # includes an empty bag
+    if quant:
+        table = abft.QuantizedTable.from_float(w)
+        out, rep = abft.checked_quantized_embedding_bag(table, idx, off, mode)
+        ref = F.embedding_bag(idx, table.dequantize().double(), off, mode=mode)
+    else:
+        aug = abft.augment_table(w)
+        out, rep = abft.checked_embedding_bag(aug, idx, off, mode)
+        ref = F.embedding_bag(idx, w.double(), off, mode=mode)
+    assert not rep.alarm, rep.describe()
+    assert torch.allclose(out.double(), ref, rtol=1e-5, atol=1e-5)
+    row = int(idx[12])  # in bag 1
+    if quant:
+        bad = table.packed.clone()
+        bits.flip_bits_(bad, row * bad.shape[1] + 2, [6])
+        _, rep = abft.checked_quantized_embedding_bag(abft.QuantizedTable(bad, table.checks, 24), idx, off, mode)
+    else:
+        bad = aug.clone()
+        bits.flip_bits_(bad, row * bad.shape[1] + 2, [29])
+        _, rep = abft.checked_embedding_bag(bad, idx, off, mode)
+    assert rep.alarm and 1 in rep.rows
+
+
+def test_protect_checks_every_layer_and_flags_a_corrupted_linear_output():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    emb = torch.nn.EmbeddingBag(50, 16, mode="mean")
+    idx, off = torch.randint(0, 50, (40,)), torch.arange(0, 40, 5)
+    with torch.no_grad(), protect(model) as guard, protect(emb) as eguard:
+        model(emb(idx, off))
+        assert guard.checks == 2 and eguard.checks == 1 and not guard.alarms and not eguard.alarms
+        with inject.flip_module_output(model[0], seed=1, bit_class="exponent", name="0") as recs:
+            model(emb(idx, off))
+    assert recs and [a.module for a in guard.alarms] == ["0"]
+    assert not model[0]._forward_hooks  # hooks removed on exit
+
+
+def test_flip_parameter_restores_the_exact_value():
+    lin = torch.nn.Linear(8, 8)
+    before = lin.weight.detach().clone()
+    with inject.flip_parameter(lin, "weight", seed=4, bit_class="exponent") as rec:
+        assert not torch.equal(lin.weight, before)
+        assert rec.site == "parameter" and rec.original != rec.corrupted
+    assert torch.equal(lin.weight, before)
+    with pytest.raises(UsageError):
+        with inject.flip_parameter(lin, "nope"):
+            pass
+
+
+def test_bitflip_mode_is_seeded_filters_ops_and_calls():
+    a, b = torch.randn(32, 32), torch.randn(32, 32)
+    clean = a @ b
+
+    def go(**kw):
+        mode = inject.BitFlipMode(**kw)
+        with mode:
+            outs = [a @ b, a + b, a @ b]
+        return mode, outs
+
+    m1, o1 = go(rate=0.01, bit_class="exponent", seed=7, ops="mm", calls=[1])
+    m2, o2 = go(rate=0.01, bit_class="exponent", seed=7, ops="mm", calls=[1])
+    assert m1.records and [r.as_dict() for r in m1.records] == [r.as_dict() for r in m2.records]
+    assert torch.equal(o1[0], clean) and not torch.equal(o1[2], clean) and torch.equal(o1[1], a + b)
+    assert all(r.bits[0] in range(23, 31) for r in m1.records)
+    with pytest.raises(UsageError):
+        inject.BitFlipMode(rate=2.0)
+
+
+# ----------------------------------------------------------------------------- campaigns
+
+def _trial(i: int) -> dict:
+    rng = random.Random(i * 7919)
+    return {"x": rng.random(), "hit": rng.random() < 0.3}
+
+
+def test_campaign_resumes_after_a_kill_without_losing_or_repeating_trials(tmp_path):
+    full = campaign.Campaign("demo", {"a": 1}, 60, _trial, tmp_path / "full").run()
+
+    class Killed(Exception):
+        pass
+
+    def dying(i: int) -> dict:
+        if i == 23:
+            raise Killed
+        return _trial(i)
+
+    camp = campaign.Campaign("demo", {"a": 1}, 60, dying, tmp_path / "resume")
+    with pytest.raises(Killed):
+        camp.run()
+    path = camp.path
+    assert len(path.read_text().splitlines()) == 23
+    with open(path, "a") as fh:  # a torn write and a duplicate of trial 0
+        fh.write(json.dumps({"config": camp.hash, "trial": 0, "x": -1, "hit": True}) + "\n")
+        fh.write('{"config": "' + camp.hash + '", "trial": 23, "x"')
+    calls = []
+
+    def counting(i: int) -> dict:
+        calls.append(i)
+        return _trial(i)
+
+    resumed = campaign.Campaign("demo", {"a": 1}, 60, counting, tmp_path / "resume")
+    out = resumed.run()
+    assert calls == list(range(23, 60)) and resumed.resumed == 23
+    assert [(o["trial"], o["x"], o["hit"]) for o in out] == [(o["trial"], o["x"], o["hit"]) for o in full]
+    lines = [json.loads(s) for s in path.read_text().splitlines()]
+    assert len(lines) == 61  # 23 + the duplicate + 37 new, all parseable
+    other = campaign.Campaign("demo", {"a": 2}, 60, counting, tmp_path / "resume")
+    assert other.path != path
+
+
+def test_detection_campaign_finds_every_significant_flip():
+    combos = campaign.detection_combos((*campaign.GEMM_OPS, *campaign.EMB_OPS))
+    fn = campaign.detection_trial_fn(combos, 11, "cpu", contextlib.nullcontext)
+    outs = [fn(i) for i in range(len(combos) * 2)]
+    sig = [o for o in outs if o["significant"]]
+    assert len(sig) > 0.5 * len(outs)
+    missed = [o for o in sig if not o["detected"]]
+    assert not missed, missed[:3]
+    assert any(not o["significant"] for o in outs)  # low mantissa flips exist and are classed benign
+
+
+def test_clean_campaign_raises_no_alarm():
+    fn = campaign.clean_trial_fn(3, "cpu", contextlib.nullcontext)
+    outs = [fn(i) for i in range(450)]
+    assert {o["op"] for o in outs} == set(campaign.CLEAN_OPS)
+    assert not [o for o in outs if o["alarm"]]

@@ -1,0 +1,109 @@
+"""Soft errors: run() groups, PVF ranking, SDC screening and the CLI."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from mystique.validators import soft_errors
+from mystique.validators.soft_errors import inject, sdc
+
+from mystique.cli import main
+from mystique.results import COLUMNS, read_csv
+from mystique.targets import Target
+
+SMALL = {"trials": 120, "fp_trials": 90, "pvf_trials": 4, "sdc_runs": 3, "workload_seeds": 1}
+
+
+def corrupt_mm():
+    """--inject factory used by the CLI test: flips exponent bits in about 1% of every mm output."""
+    return inject.BitFlipMode(rate=0.01, bit_class="exponent", seed=1, ops="mm")
+
+
+def test_groups_name_every_check_group():
+    assert soft_errors.groups("quick") == ["abft_gemm", "abft_embedding_bag", "false_positives",
+                                          "detection_campaign", "pvf", "sdc_screen", "overhead"]
+    with pytest.raises(Exception, match="level"):
+        soft_errors.groups("nope")
+
+
+def test_run_on_a_healthy_cpu_passes_and_reports_rates_with_intervals(tmp_path):
+    df = soft_errors.run(Target("cpu"), groups=["abft_gemm", "abft_embedding_bag", "false_positives",
+                                                "detection_campaign"], out_dir=tmp_path, workloads=("dlrm",), **SMALL)
+    assert list(df.columns) == list(COLUMNS) and (df.suite == "soft_errors").all()
+    assert not df.status.isin(["fail", "error"]).any(), df[df.status != "pass"][["check", "subject", "metric", "detail"]]
+    fp = df[(df.check == "false_positives") & (df.subject == "checked_ops")].set_index("metric").value
+    assert fp["false_positive_rate"] == 0 and fp["trials"] == 90 and 0 < fp["false_positive_rate_ci_high"] < 0.05
+    det = df[(df.check == "detection_campaign") & (df.subject == "all")].set_index("metric").value
+    assert det["detection_rate"] == 1.0 and det["trials"] > 40 and det["detection_rate_ci_low"] > 0.9
+    assert {"bit_class/exponent", "bit_class/mantissa", "bit_class/sign"} <= set(df.subject)
+    assert list(tmp_path.glob("campaign_detection_*.jsonl")) and list(tmp_path.glob("campaign_false_positives_*"))
+
+
+def test_pvf_ranks_the_parameter_groups_of_the_debug_dlrm():
+    df = soft_errors.run(Target("cpu"), groups=["pvf"], workloads=("dlrm",), pvf_trials=6)
+    ranks = df[df.metric == "pvf_rank"]
+    assert len(ranks) >= 4 and sorted(ranks.value) == list(range(1, len(ranks) + 1))
+    pvf = df[df.metric == "pvf"].set_index("subject").value
+    ordered = pvf[ranks.sort_values("value").subject].tolist()
+    assert ordered == sorted(ordered, reverse=True)
+    assert any(s.startswith("dlrm/emb_l.") for s in pvf.index) and pvf.max() > 0
+    lo = df[df.metric == "pvf_ci_low"].set_index("subject").value
+    hi = df[df.metric == "pvf_ci_high"].set_index("subject").value
+    assert ((lo <= pvf) & (pvf <= hi)).all()
+
+
+def test_sdc_screen_reports_the_first_mismatch_of_a_corrupted_run():
+    modes: list[inject.BitFlipMode] = []
+
+    def factory():  # corrupt only the second run, one element, bit 30
+        mode = inject.BitFlipMode(rate=1.0 if len(modes) == 1 else 0.0, bits=[30], seed=2, max_flips=1)
+        modes.append(mode)
+        return mode
+
+    kernel = sdc.default_kernels("quick")[2]
+    res = sdc.screen(kernel, seed=5, runs=4, device="cpu", active=Target("cpu", factory).active)
+    rec = modes[1].records[0]
+    assert res.mismatched_runs == [1] and res.golden_bad_runs == [1]
+    fm = res.first_mismatch
+    assert fm["run"] == 1 and fm["index"] == rec.index and fm["xor"] == "0x40000000"
+    assert fm["expected"] == rec.original and fm["actual"] == rec.corrupted
+    clean = sdc.screen(kernel, seed=5, runs=3, device="cpu", active=Target("cpu").active)
+    assert clean.ok and clean.golden_ratio < 1
+
+
+def test_cli_writes_results_and_exits_0_when_healthy(tmp_path):
+    out = tmp_path / "ok"
+    rc = main(["-q", "validate", "soft-errors", "-o", str(out), "--group", "abft_gemm", "--group", "abft_embedding_bag"])
+    assert rc == 0
+    df = read_csv(out / "results.csv")
+    assert set(df.check) == {"abft_gemm", "abft_embedding_bag"} and (df.status == "pass").all()
+
+
+def test_cli_exits_1_when_an_injected_fault_is_detected(tmp_path):
+    out = tmp_path / "bad"
+    rc = main(["-q", "validate", "soft-errors", "-o", str(out), "--group", "abft_gemm",
+               "--inject", "test_soft_errors_run:corrupt_mm"])
+    assert rc == 1
+    df = read_csv(out / "results.csv")
+    alarms = df[(df.metric == "clean_alarm") & (df.status == "fail")]
+    assert set(alarms.dtype) >= {"float32"} and (df.device == "cpu+test_soft_errors_run:corrupt_mm").all()
+
+
+def test_cli_rejects_bad_input_with_exit_2(tmp_path, capsys):
+    assert main(["validate", "soft-errors", "-o", str(tmp_path / "x"), "--workloads", "resnet"]) == 2
+    assert "unknown workload" in capsys.readouterr().err and not (tmp_path / "x").exists()
+    assert main(["validate", "soft-errors", "-o", str(tmp_path / "y"), "--inject", "nope"]) == 2
+
+
+def test_bitflip_mode_registers_as_a_fault_spec():
+    from mystique.faults import FaultSpec
+
+    spec = FaultSpec("bitflip", "flip bits", "SDC", inject.bitflip_mode,
+                     {"rate": 1e-6, "bit_class": "any", "seed": 0, "ops": "", "bits": "", "calls": ""})
+    mode = spec.build(**{**spec.params, "rate": 1.0, "bits": "30", "ops": "mm+addmm", "calls": "0"})
+    a = torch.ones(2, 2)
+    with mode:
+        y = a @ a
+    # 2.0 is 0x40000000: flipping bit 30 of every element of the mm output leaves +0.0
+    assert torch.equal(y, torch.zeros(2, 2)) and len(mode.records) == 4
+    assert all(r.bits == [30] and r.original == 2.0 for r in mode.records)
