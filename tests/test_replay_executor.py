@@ -163,14 +163,14 @@ def test_materialised_views_share_storage_exactly_as_recorded(spec):
     e = ex.Executor(pm.plan(), "cpu")
     e.prepare()
     mats = [e._external[t] for t in tids]
-    for (s, shape, strides, offset), m in zip(views, mats):
+    for (_s, shape, strides, offset), m in zip(views, mats):
         assert list(m.shape) == shape and list(m.stride()) == strides and m.storage_offset() == offset
     for i, (si, *_r) in enumerate(views):
         for j, (sj, *_q) in enumerate(views):
             same = mats[i].untyped_storage().data_ptr() == mats[j].untyped_storage().data_ptr()
             assert same == (si == sj), (i, j)
     # a write through one view is seen through every view of the same storage element
-    for (s, shape, strides, offset), m in zip(views, mats):
+    for (s, _shape, _strides, offset), m in zip(views, mats):
         m.fill_(7.0)
         for (s2, _sh2, _st2, _o2), m2 in zip(views, mats):
             if s2 == s:

@@ -7,6 +7,7 @@ _MODULES = (
     "cmd_capture",
     "cmd_replay",
     "cmd_validate",
+    "cmd_onnx",
     "cmd_validate_numerics",
     "cmd_validate_soft_errors",
     "cmd_validate_correctness",

@@ -679,7 +679,8 @@ class Executor:
         self.sched = schedule(plan)
         self.status: list[OpStatus] = []
         self.output_shapes: dict[int, tuple[list[int], list[int]]] = {}
-        self.record_shapes = False
+        self.record_shapes = False  # keep the shape and strides of every op result in output_shapes
+        self.propagate = False  # bind results whatever their shape (shape propagation on the meta device)
         self._compiled: list[_Compiled] = []
         self._external: dict[int, torch.Tensor] = {}  # tid -> materialised external tensor
         self._prepared = False
@@ -741,6 +742,15 @@ class Executor:
         t = self.tensors[tid]
         anchor = self.storages[t["storage"]].get("anchor")
         base = self.vals[anchor] if anchor is not None else None
+        if self.propagate and isinstance(base, torch.Tensor):
+            # shape propagation: the view changes its dims the way its storage's producer did
+            old = self.tensors[anchor]["shape"]
+            mapping = {o: n for o, n in zip(old, base.shape) if o != n}
+            shape = [mapping.get(d, d) for d in t["shape"]]
+            out = torch.empty(shape, dtype=dtype_from_name(t["dtype"]), device=base.device)
+            if self.record_shapes:
+                self.output_shapes[tid] = (list(out.shape), list(out.stride()))
+            return out
         if isinstance(base, torch.Tensor) and base.device.type != "meta":
             a = self.tensors[anchor]
             dt = dtype_from_name(t["dtype"])
@@ -897,7 +907,7 @@ class Executor:
             if not b:
                 continue
             t = tensors[tid]
-            if isinstance(r, torch.Tensor) and r.dtype == dts[tid] and list(r.shape) == t["shape"]:
+            if isinstance(r, torch.Tensor) and r.dtype == dts[tid] and (self.propagate or list(r.shape) == t["shape"]):
                 vals[tid] = r
             else:
                 vals[tid] = self.synth(tid)

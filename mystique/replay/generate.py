@@ -235,7 +235,7 @@ def rescale_batch(plan: Plan, factor: float) -> Plan:
     new = plan.copy()
     nt = {t["id"]: t for t in new.tensors}
     for t in new.tensors:
-        if t["source"] in ("external", "derived", "unused"):
+        if t["source"] in ("external", "unused"):
             shape = _rescale_dims(t["shape"], b, nb)
             if shape != t["shape"]:
                 t["strides"] = _dense_like(t["shape"], t.get("strides"), shape)
@@ -258,6 +258,7 @@ def rescale_batch(plan: Plan, factor: float) -> Plan:
                 op["kwargs"][sa.name] = _rescale_sizes(op["kwargs"][sa.name], ref, b, nb)
     e = ex.Executor(new.data, "meta", check_memory=False)
     e.record_shapes = True
+    e.propagate = True
     e.probe()
     after = {st.index: st.reason for st in e.status if st.state == "skipped"}
     broken = sorted(set(after) - set(before))
@@ -266,10 +267,10 @@ def rescale_batch(plan: Plan, factor: float) -> Plan:
         raise UsageError(f"batch rescale {b} -> {nb} is inconsistent: op #{i} {new.ops[i]['name']} fails with "
                          f"the rescaled shapes ({after[i]})")
     for tid, (shape, strides) in e.output_shapes.items():
-        if nt[tid]["source"] == "output":
+        if nt[tid]["source"] in ("output", "derived"):
             nt[tid]["shape"], nt[tid]["strides"] = list(shape), list(strides)
     for t in new.tensors:
-        if t["source"] == "output" and t["id"] not in e.output_shapes:
+        if t["source"] in ("output", "derived") and t["id"] not in e.output_shapes:
             shape = _rescale_dims(t["shape"], b, nb)
             if shape != t["shape"]:
                 t["strides"] = _dense_like(t["shape"], t.get("strides"), shape)
