@@ -187,7 +187,8 @@ def test_keep_drop_dtype_and_device_transformations(tower_trace, tmp_path, cli_r
     (["--format", "json,xml"], 2, "unknown format"),
     (["--format", "onnx"], 3, "onnx export not available yet"),
     (["--iteration", "99"], 2, "no ProfilerStep#99"),
-    (["--batch-scale", "2", "--keep", "addmm"], 2, "batch"),
+    (["--batch-scale", "0"], 2, "--batch-scale must be a positive number"),
+    (["--keep", "zzz"], 2, "removed every operator"),
 ])
 def test_bad_generate_requests(tower_trace, tmp_path, capsys, args, code, needle):
     from mystique.cli import main

@@ -107,3 +107,12 @@ def test_bitflip_mode_registers_as_a_fault_spec():
     # 2.0 is 0x40000000: flipping bit 30 of every element of the mm output leaves +0.0
     assert torch.equal(y, torch.zeros(2, 2)) and len(mode.records) == 4
     assert all(r.bits == [30] and r.original == 2.0 for r in mode.records)
+
+
+@pytest.mark.slow
+def test_thirty_thousand_clean_checked_ops_raise_no_alarm(tmp_path):
+    df = soft_errors.run(Target("cpu"), groups=["false_positives"], fp_trials=30000, workloads=("dlrm", "bert", "llama"),
+                         out_dir=tmp_path)
+    fp = df[(df.subject == "checked_ops")].set_index("metric").value
+    assert fp["trials"] == 30000 and fp["false_positive_rate"] == 0 and fp["false_positive_rate_ci_high"] < 1.3e-4
+    assert not df.status.isin(["fail", "error"]).any()

@@ -136,11 +136,23 @@ def obfuscate(plan: Plan) -> Plan:
 
 
 def _mutated_inputs(plan: Plan) -> set[int]:
-    """Tensor ids an op writes in place (outputs that are also its inputs)."""
+    """Tensor ids an op writes in place (outputs that are also inputs, and ``Tensor(a!)`` arguments)."""
     out: set[int] = set()
     for op in plan.ops:
         ins = set(ex.op_input_ids(op))
         out.update(t for t in ex.op_output_ids(op) if t in ins)
+        if op.get("schema"):
+            try:
+                sch = ex.parse_schema(op["schema"])
+            except ValueError:
+                continue
+            pos = [a for a in sch.args if not a.kwarg_only]
+            for sa, v in list(zip(pos, op["args"])) + [(a, op["kwargs"].get(a.name)) for a in sch.args
+                                                        if a.kwarg_only]:
+                if sa.mutable:
+                    ids: list[int] = []
+                    ex._walk_tensor_ids(v, ids)
+                    out.update(ids)
     return out
 
 

@@ -1,0 +1,94 @@
+"""`mystique demo`: the main job, end to end, on the embedded default.
+
+capture llama, dlrm and bert (``small``, train and infer) -> generate their benchmarks -> replay
+them -> the quick validators on ``cpu`` (and ``cuda`` when present) -> ``OUT_DIR/report.html``.
+"""
+
+from __future__ import annotations
+
+import click
+
+from . import cli, options
+
+VALIDATORS = ("numerics", "soft_errors", "correctness")
+
+
+@cli.command("demo")
+@options.output_dir
+@click.option("-c", "--config", default="small", show_default=True, help="Workload size to capture.")
+@click.option("--workloads", "names", default="llama,dlrm,bert", show_default=True, metavar="LIST",
+              help="Comma list of workloads.")
+@click.option("--modes", default="train,infer", show_default=True, metavar="LIST", help="Comma list of modes.")
+@click.option("--validators", "validator_list", default=",".join(VALIDATORS), show_default=True, metavar="LIST",
+              help="Comma list of quick validators to run (empty for none).")
+@click.option("--iters", default=10, show_default=True, type=click.IntRange(1), help="Replay iterations.")
+@options.seed
+@options.force
+def demo_cmd(output, config, names, modes, validator_list, iters, seed, force) -> int:
+    """Run the main job on the embedded default and write OUT_DIR/report.html."""
+    import importlib
+
+    import torch
+
+    from .. import results
+    from ..capture import capture
+    from ..errors import UsageError
+    from ..io import staged_output_dir
+    from ..progress import Progress
+    from ..replay.generate import generate
+    from ..replay.run import replay
+    from ..targets import Target
+    from ..workloads import MODES
+    from ..workloads import names as workload_names
+
+    wl = [w.strip() for w in names.split(",") if w.strip()]
+    md = [m.strip() for m in modes.split(",") if m.strip()]
+    vals = [v.strip().replace("-", "_") for v in validator_list.split(",") if v.strip()]
+    for w in wl:
+        if w not in workload_names():
+            raise UsageError(f"unknown workload {w!r}; known: {', '.join(workload_names())}")
+    for m in md:
+        if m not in MODES:
+            raise UsageError(f"unknown mode {m!r}; expected {', '.join(MODES)}")
+    for v in vals:
+        if v not in VALIDATORS:
+            raise UsageError(f"unknown validator {v!r}; expected {', '.join(VALIDATORS)}")
+    devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+    jobs = [(w, m) for w in wl for m in md]
+    total = len(jobs) * 3 * len(devices) + len(vals) * len(devices) + 1
+    progress = Progress("demo", total=total)
+    frames = []
+    with staged_output_dir(output, force) as stage:
+        for device in devices:
+            for w, m in jobs:
+                name = f"{w}-{m}" + ("" if device == "cpu" else f"-{device}")
+                progress.step(f"capture {w} ({config}, {m}) on {device}")
+                capture(w, stage / "traces" / name, config=config, mode=m, device=device, seed=seed)
+                progress.step(f"generate benchmark {name}")
+                generate(str(stage / "traces" / name), str(stage / "benchmarks" / name), device=device)
+                progress.step(f"replay benchmark {name}")
+                _, df = replay(str(stage / "benchmarks" / name), str(stage / "replay" / name), device=device,
+                               iters=iters, warmup=3, seed=seed)
+                frames.append(df)
+            for v in vals:
+                progress.step(f"validate {v} (quick) on {device}")
+                try:
+                    mod = importlib.import_module(f"mystique.validators.{v}")
+                except ModuleNotFoundError:
+                    continue
+                if not hasattr(mod, "run"):
+                    continue
+                out = stage / "validate" / f"{v}-{device}"
+                out.mkdir(parents=True)
+                df = mod.run(Target(device), level="quick", seed=seed, out_dir=out)
+                results.write_csv(df, out / "results.csv")
+                frames.append(df)
+        progress.step("report")
+        from ..reports import render_report
+
+        all_results = sorted(stage.rglob("results.csv"))
+        merged = results.concat([results.read_csv(p) for p in all_results])
+        render_report([str(p) for p in all_results], str(stage / "report.html"), title="Mystique Suite demo")
+    n_fail = int(merged["status"].isin(("fail", "error")).sum())
+    click.echo(f"{len(merged)} checks, {n_fail} failed; report: {output}/report.html")
+    return results.exit_code(merged)
