@@ -365,3 +365,32 @@ def test_bad_plans_are_rejected():
         ex.check_plan({"format": "something"})
     with pytest.raises(ex.ReplayError, match="version"):
         ex.check_plan({"format": ex.PLAN_FORMAT, "version": 99})
+
+
+def test_ops_recorded_with_autograd_run_with_grad_and_fall_back_without_it():
+    pm = PlanMaker()
+    w = pm.tensor(pm.storage(16, recipe={"kind": "ones"}), [4])
+    y = pm.out([4])
+    pm.op("aten::mul", "Tensor", [T(w), T(w)], outputs=[T(y)])
+    pm.ops[-1]["grad"] = True
+    pm.op("aten::add_", "Tensor", [T(w), T(w)], {"alpha": 1}, outputs=[T(w)])  # a leaf that requires grad
+    pm.ops[-1]["grad"] = True
+    s = pm.out([])
+    pm.op("aten::sum", "default", [T(y)], outputs=[T(s)])
+    e = ex.Executor(pm.plan(), "cpu")
+    seen = {}
+    orig = ex.Executor._bind
+
+    def spy(self, c, res, st, count):
+        seen[c.index] = (getattr(res, "requires_grad", None), torch.is_grad_enabled())
+        return orig(self, c, res, st, count)
+
+    ex.Executor._bind = spy
+    try:
+        e.probe()
+    finally:
+        ex.Executor._bind = orig
+    assert seen[0] == (True, True)  # recorded an autograd node, like the captured forward op
+    assert seen[1][1] is False and e.status[1].state == "replayed"  # retried without autograd
+    assert seen[2][1] is False and torch.is_grad_enabled()  # the caller's grad mode is restored
+    assert e._external[w].tolist() == [2.0] * 4

@@ -648,6 +648,7 @@ class _Compiled:
     derived: list[int]  # tensors materialised from a live storage right before the op
     free: list[int]  # tensor ids whose slots are cleared after the op
     bind: list[bool] = field(default_factory=list)  # whether each output is used later
+    grad: bool = False  # run with grad mode on (the op recorded an autograd node when captured)
 
 
 class Executor:
@@ -662,7 +663,7 @@ class Executor:
     """
 
     def __init__(self, plan: dict[str, Any], device: str | torch.device = "cpu", seed: int = 0,
-                 check_memory: bool = True):
+                 check_memory: bool = True, emulate_autograd: bool = True):
         self.plan = check_plan(plan)
         self.device = torch.device(device)
         if self.device.type == "cuda" and self.device.index is None and torch.cuda.is_available():
@@ -681,6 +682,9 @@ class Executor:
         self.output_shapes: dict[int, tuple[list[int], list[int]]] = {}
         self.record_shapes = False  # keep the shape and strides of every op result in output_shapes
         self.propagate = False  # bind results whatever their shape (shape propagation on the meta device)
+        # forward ops that recorded autograd nodes run with grad mode on and float inputs requiring grad,
+        # so that they pay the autograd bookkeeping the captured step paid
+        self.emulate_autograd = emulate_autograd and self.device.type != "meta"
         self._compiled: list[_Compiled] = []
         self._external: dict[int, torch.Tensor] = {}  # tid -> materialised external tensor
         self._prepared = False
@@ -791,6 +795,15 @@ class Executor:
             self._external[t["id"]] = self._view(bufs[sid], t)
         self._dtypes = {tid: dtype_from_name(t["dtype"]) for tid, t in self.tensors.items()}
         self._compile()
+        if self.emulate_autograd:
+            for c in self._compiled:
+                if not c.grad:
+                    continue
+                for *_x, ref in c.arg_slots:
+                    for tid in (ref if isinstance(ref, list) else [ref]):
+                        t = self._external.get(tid) if tid is not None else None
+                        if t is not None and (t.is_floating_point() or t.is_complex()) and not t.requires_grad:
+                            t.requires_grad_(True)
         self._prepared = True
 
     def _compile(self) -> None:
@@ -844,8 +857,9 @@ class Executor:
             name = op.get("name", op.get("op", "?"))
             state = {"call": "replayed", "noop": "noop"}.get(action, "skipped")
             self.status.append(OpStatus(i, name, state, reason))
+            grad = bool(op.get("grad")) and self.emulate_autograd
             self._compiled.append(_Compiled(i, fn if action == "call" else None, args, kwargs, slots, outs,
-                                            alias_out, derived, free_after.get(i, []), bind))
+                                            alias_out, derived, free_after.get(i, []), bind, grad))
 
     @staticmethod
     def _collect_slots(container: Any, key: Any, v: Any, slots: list[tuple[Any, ...]]) -> None:
@@ -950,6 +964,20 @@ class Executor:
         sync = synchronize
         clock = time.perf_counter
         status = self.status
+        set_grad = torch._C._set_grad_enabled
+        prev_grad = torch.is_grad_enabled()
+        grad_on = False
+        set_grad(False)
+        try:
+            self._run_ops(vals, times, per_op, probe, dev, sync, clock, status, set_grad, grad_on)
+        finally:
+            set_grad(prev_grad)
+        sync(dev)
+        self._begin_iteration()  # drop every intermediate of this iteration
+        self._probed = True
+        return times
+
+    def _run_ops(self, vals, times, per_op, probe, dev, sync, clock, status, set_grad, grad_on) -> None:
         for c in self._compiled:
             st = status[c.index]
             for tid in c.derived:
@@ -961,6 +989,9 @@ class Executor:
                 self._skip_outputs(c)
             else:
                 self._fill(c)
+                if c.grad != grad_on:
+                    grad_on = c.grad
+                    set_grad(grad_on)
                 try:
                     if per_op:
                         sync(dev)
@@ -971,6 +1002,23 @@ class Executor:
                     else:
                         res = c.fn(*c.args, **c.kwargs)
                 except Exception as exc:  # noqa: BLE001 - an op that cannot run is skipped, not fatal
+                    if c.grad:  # e.g. an in-place op on a leaf that requires grad: run it without autograd
+                        c.grad = grad_on = False
+                        set_grad(False)
+                        try:
+                            res = c.fn(*c.args, **c.kwargs)
+                        except Exception:  # noqa: BLE001
+                            pass
+                        else:
+                            if per_op and len(times) <= c.index:
+                                times.append(math.nan)
+                            self._bind(c, res, st, probe)
+                            res = None
+                            self._clear(c)
+                            for tid in c.free:
+                                if tid not in self._external:
+                                    vals[tid] = None
+                            continue
                     if per_op and len(times) <= c.index:
                         times.append(math.nan)
                     st.state = "skipped"
@@ -984,10 +1032,6 @@ class Executor:
             for tid in c.free:
                 if tid not in self._external:
                     vals[tid] = None
-        sync(dev)
-        self._begin_iteration()  # drop every intermediate of this iteration
-        self._probed = True
-        return times
 
     def probe(self) -> None:
         """The first, untimed run: finds the ops that cannot run here and the fallback outputs."""

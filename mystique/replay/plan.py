@@ -7,7 +7,8 @@ runs): ``{"format": "mystique-benchmark", "version": 1, "metadata": {...}, "stor
 * ``ops``: the outermost operators of the iteration in execution order, each ``{"index",
   "node_id", "rf_id", "name", "op" (resolved overload, ``aten::addmm.default``), "schema",
   "action" ("call" | "noop" | "skip"), "reason", "args" [...], "kwargs" {...}, "outputs" [...],
-  "orig_us" (Kineto host time or null)}``.
+  "orig_us" (Kineto host time or null), "scope" (label nodes above it), "grad" (it ran with
+  autograd recording: replayed with grad enabled on inputs that require grad)}``.
 * ``tensors``: ``{"id", "storage", "offset", "shape", "strides", "dtype", "device", "source"}``
   where ``source`` is ``external`` (materialised before the step), ``output`` (bound to an op's
   result) or ``derived`` (a view of a storage an earlier op produced, e.g. made by a nested op).
@@ -364,6 +365,8 @@ class _Builder:
             "outputs": outputs,
             "orig_us": kineto.get(node.rf_id) if kineto and node.rf_id is not None else None,
             "scope": self.scope(node),
+            # the op recorded an autograd node (a forward op run with grad enabled)
+            "grad": bool(node.seq_id is not None and node.seq_id >= 0 and action == "call"),
         }
         if sch is not None:
             op["_schema"] = sch
