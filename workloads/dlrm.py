@@ -81,7 +81,7 @@ CONFIGS: dict[str, DLRMConfig] = {
                         bottom_mlp=(32, 8), top_mlp=(32, 1), pooling=3, batch_size=16),
     "small": DLRMConfig(num_dense=13, table_sizes=(200_000, 100_000, 50_000, 20_000, 10_000, 5_000, 1_000, 100),
                         embedding_dim=64, bottom_mlp=(512, 256, 64), top_mlp=(512, 256, 1), pooling=8,
-                        batch_size=2048),
+                        batch_size=4096),
     "criteo-kaggle": DLRMConfig(sparse_grads=True),  # the reference: one-hot bags, sparse table gradients
 }
 

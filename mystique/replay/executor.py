@@ -649,6 +649,7 @@ class _Compiled:
     free: list[int]  # tensor ids whose slots are cleared after the op
     bind: list[bool] = field(default_factory=list)  # whether each output is used later
     grad: bool = False  # run with grad mode on (the op recorded an autograd node when captured)
+    any_bind: bool = False  # some output is used later
 
 
 class Executor:
@@ -794,6 +795,7 @@ class Executor:
                 bufs[sid] = self._storage_buffer(sid)
             self._external[t["id"]] = self._view(bufs[sid], t)
         self._dtypes = {tid: dtype_from_name(t["dtype"]) for tid, t in self.tensors.items()}
+        self._shapes = {tid: torch.Size(t["shape"]) for tid, t in self.tensors.items()}
         self._compile()
         if self.emulate_autograd:
             for c in self._compiled:
@@ -859,7 +861,7 @@ class Executor:
             self.status.append(OpStatus(i, name, state, reason))
             grad = bool(op.get("grad")) and self.emulate_autograd
             self._compiled.append(_Compiled(i, fn if action == "call" else None, args, kwargs, slots, outs,
-                                            alias_out, derived, free_after.get(i, []), bind, grad))
+                                            alias_out, derived, free_after.get(i, []), bind, grad, any(bind)))
 
     @staticmethod
     def _collect_slots(container: Any, key: Any, v: Any, slots: list[tuple[Any, ...]]) -> None:
@@ -900,19 +902,20 @@ class Executor:
             vals[tid] = t
 
     def _bind(self, c: _Compiled, res: Any, st: OpStatus, count: bool) -> None:
-        outs = c.outputs
-        if not outs:
+        """Bind an op's results to the recorded output ids used later (synthetic when they disagree)."""
+        if not c.any_bind and not self.record_shapes:
             return
-        flat: list[Any] = []
-        self._flatten_result(res, flat)
-        vals = self.vals
-        tensors = self.tensors
-        dts = self._dtypes
-        if len(flat) != len(outs):
-            if len(outs) == 1 and isinstance(res, torch.Tensor):
-                flat = [res]
-            else:
+        outs = c.outputs
+        if len(outs) == 1 and isinstance(res, torch.Tensor):
+            flat = [res]
+        else:
+            flat = []
+            self._flatten_result(res, flat)
+            if len(flat) != len(outs):
                 flat = [None] * len(outs)
+        vals = self.vals
+        dts = self._dtypes
+        shapes = self._shapes
         for tid, r, b in zip(outs, flat, c.bind):
             if tid is None:
                 continue
@@ -920,8 +923,7 @@ class Executor:
                 self.output_shapes[tid] = (list(r.shape), list(r.stride()))
             if not b:
                 continue
-            t = tensors[tid]
-            if isinstance(r, torch.Tensor) and r.dtype == dts[tid] and (self.propagate or list(r.shape) == t["shape"]):
+            if isinstance(r, torch.Tensor) and r.dtype == dts[tid] and (self.propagate or r.shape == shapes[tid]):
                 vals[tid] = r
             else:
                 vals[tid] = self.synth(tid)

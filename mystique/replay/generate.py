@@ -44,6 +44,16 @@ def parse_formats(spec: str) -> list[str]:
     return out
 
 
+def _check_device_name(device: str) -> str:
+    """A well-formed torch device string (the benchmark may target a device this machine lacks)."""
+    import torch
+
+    try:
+        return str(torch.device(device.strip()))
+    except (RuntimeError, TypeError) as exc:
+        raise UsageError(f"unknown device {device!r}; expected e.g. cpu, cuda, cuda:1, xpu, mps") from exc
+
+
 def _compile(pattern: str | None, flag: str) -> re.Pattern[str] | None:
     if pattern is None:
         return None
@@ -365,9 +375,7 @@ def generate(
     _compile(keep, "--keep")
     _compile(drop, "--drop")
     check_output_dir(out_dir, force)
-    from ..targets import check_device
-
-    device = check_device(device) if device != "meta" else device
+    device = _check_device_name(device)
     prog = Progress("generate")
     prog.note(f"reading {trace}")
     plan, kind = plan_from_path(trace, iteration)

@@ -339,11 +339,13 @@ class _Builder:
             return tid
 
         if sch is not None:
+            by_name = False  # once a positional argument is left out, the later ones go by name
             for sa, a in zip(sch.args, node.inputs):
                 enc = self.encode(a, sa.type, as_input)
                 if enc is None and not sa.optional and sa.default is not None:
+                    by_name = True
                     continue  # an absent value with a default: let the operator use it
-                if sa.kwarg_only:
+                if sa.kwarg_only or by_name:
                     kwargs[sa.name] = enc
                 else:
                     args.append(enc)
@@ -363,7 +365,7 @@ class _Builder:
             "args": args,
             "kwargs": kwargs,
             "outputs": outputs,
-            "orig_us": kineto.get(node.rf_id) if kineto and node.rf_id is not None else None,
+            "orig_us": _finite(kineto.get(node.rf_id)) if kineto and node.rf_id is not None else None,
             "scope": self.scope(node),
             # the op recorded an autograd node (a forward op run with grad enabled)
             "grad": bool(node.seq_id is not None and node.seq_id >= 0 and action == "call"),
@@ -490,6 +492,10 @@ class _Builder:
                     st["recipe"]["std"] = round(1.0 / math.sqrt(math.prod(shape[1:])), 6)
             else:
                 st["recipe"] = {"kind": "randint", "low": 0, "high": 2}
+
+
+def _finite(v: Any) -> float | None:
+    return float(v) if isinstance(v, (int, float)) and math.isfinite(v) else None
 
 
 def _tensor_encs(enc: Any) -> list[int]:
@@ -701,4 +707,4 @@ def _looks_like_plan(p: Path) -> bool:
             head = fh.read(200)
     except (OSError, UnicodeDecodeError):
         return False
-    return '"mystique-benchmark"' in head or "benchmark" in p.name
+    return '"mystique-benchmark"' in head
