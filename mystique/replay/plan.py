@@ -486,6 +486,12 @@ class _Builder:
             elif st["dtype"] in _FLOAT_DTYPES or st["dtype"].startswith(("complex", "float8")):
                 st["recipe"] = {"kind": "randn"}
                 shape = first_shape.get(sid)
+                if shape is not None and math.prod(shape) <= 1:
+                    # a 0-dim float: usually a Python number the op wrapped (an optimizer's beta, eps, a
+                    # bias correction, a step count); their values are lost, and a random sign or a
+                    # near-zero value would turn the step's arithmetic into NaN/inf
+                    st["recipe"] = {"kind": "uniform_pos"}
+                    continue
                 if shape and len(shape) >= 2 and math.prod(shape[1:]) > 1:
                     # weights are initialised with a spread of about 1/sqrt(fan_in); unit-variance data in
                     # their place drives activations into ranges (denormals, saturation) the model never saw

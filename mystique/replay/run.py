@@ -112,7 +112,8 @@ def ops_csv_text(plan: Plan, e: ex.Executor, op_times_s: list[float]) -> str:
             op["index"], op["name"], op.get("op", ""), shapes, dtypes,
             f"{orig:.3f}" if isinstance(orig, (int, float)) else "",
             f"{t * 1e6:.3f}" if not math.isnan(t) else "",
-            st.state, st.reason,
+            st.state, st.reason or (f"{st.fallbacks} result(s) replaced by synthetic tensors (shape or dtype "
+                                    f"differed from the trace)" if st.fallbacks else ""),
         ])
     return buf.getvalue()
 
