@@ -127,3 +127,57 @@ def test_non_empty_output_needs_force_and_memory_refusal_exits_3(tmp_path, capsy
     assert main(["-q", "replay", str(bench), "-o", str(tmp_path / "o2")]) == 3
     assert "GiB" in capsys.readouterr().err
     assert torch.get_num_threads() >= 1
+
+
+def test_malformed_benchmark_plan_is_bad_input(tmp_path, capsys):
+    from mystique.cli import main
+
+    bench = tmp_path / "b"
+    bench.mkdir()
+    (bench / "benchmark.json").write_text(json.dumps(
+        {"format": "mystique-benchmark", "version": 1, "metadata": {}, "storages": [], "ops": [],
+         "tensors": [{"id": 0}]}))
+    assert main(["-q", "replay", str(bench), "-o", str(tmp_path / "o")]) == 2
+    assert "malformed benchmark plan" in capsys.readouterr().err
+    (bench / "benchmark.json").write_text(json.dumps({"format": "mystique-benchmark", "version": 7}))
+    assert main(["-q", "replay", str(bench), "-o", str(tmp_path / "o")]) == 2
+    assert "version 7 is not supported" in capsys.readouterr().err
+
+
+def test_coverage_by_time_weighs_ops_by_their_original_time_and_ratio_needs_the_same_device():
+    from test_replay_executor import PlanMaker, T
+
+    from mystique.replay import executor as ex
+    from mystique.replay.plan import Plan
+    from mystique.replay.run import summarize
+
+    pm = PlanMaker("cuda:0")
+    x = pm.tensor(pm.storage(16), [4])
+    y = pm.out([4])
+    pm.op("aten::relu", "default", [T(x)], outputs=[T(y)])
+    pm.op("c10d::allreduce_", "default", [[T(y)]], outputs=[[T(y)]], action="skip", reason="collective")
+    pm.ops[0]["orig_us"], pm.ops[1]["orig_us"] = 10.0, 30.0
+    data = pm.plan()
+    data["metadata"]["original_step_ms"] = 2.0
+    plan = Plan(data)
+    e = ex.Executor(plan.data, "cpu")
+    e.probe()
+    s = summarize(plan, e, [0.001, 0.003, 0.002], "cpu")
+    assert s["coverage"] == 0.5 and s["coverage_by_time"] == pytest.approx(0.25)
+    assert s["replay_step_ms"] == pytest.approx(2.0) and s["original_step_ms"] == 2.0
+    assert s["ratio"] is None  # timed on cuda, replayed on cpu: no ratio
+    data["metadata"]["original_device"] = "cpu"
+    assert summarize(plan, e, [0.003], "cpu")["ratio"] == pytest.approx(1.5)
+
+
+def test_benchmark_generated_from_a_trace_dir_keeps_the_original_step_time(trace_dir, tmp_path, cli_run):
+    bench = tmp_path / "bench"
+    assert cli_run("-q", "generate", str(trace_dir), "-o", str(bench))[0] == 0
+    plan = json.loads((bench / "benchmark.json").read_text())
+    cap = json.loads((trace_dir / "capture.json").read_text())
+    assert plan["metadata"]["original_step_ms"] == pytest.approx(cap["step_time"]["median_ms"])
+    assert plan["metadata"]["original_op_times"] is True
+    assert sum(1 for op in plan["ops"] if op["orig_us"] is not None) > len(plan["ops"]) // 2
+    cli_run("-q", "replay", str(bench / "benchmark.json"), "-o", str(tmp_path / "r"), "--iters", "2", "--warmup", "0")
+    s = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert s["original_step_ms"] == pytest.approx(cap["step_time"]["median_ms"]) and isinstance(s["ratio"], float)

@@ -378,19 +378,27 @@ def test_ops_recorded_with_autograd_run_with_grad_and_fall_back_without_it():
     s = pm.out([])
     pm.op("aten::sum", "default", [T(y)], outputs=[T(s)])
     e = ex.Executor(pm.plan(), "cpu")
+    e.prepare()
     seen = {}
-    orig = ex.Executor._bind
+    for c in e._compiled:
+        def spy(v, _call=c.call, _i=c.index):
+            res = _call(v)
+            seen[_i] = (getattr(res, "requires_grad", None), torch.is_grad_enabled())
+            return res
 
-    def spy(self, c, res, st, count):
-        seen[c.index] = (getattr(res, "requires_grad", None), torch.is_grad_enabled())
-        return orig(self, c, res, st, count)
-
-    ex.Executor._bind = spy
-    try:
-        e.probe()
-    finally:
-        ex.Executor._bind = orig
+        c.call = spy
+    e.probe()
     assert seen[0] == (True, True)  # recorded an autograd node, like the captured forward op
     assert seen[1][1] is False and e.status[1].state == "replayed"  # retried without autograd
     assert seen[2][1] is False and torch.is_grad_enabled()  # the caller's grad mode is restored
     assert e._external[w].tolist() == [2.0] * 4
+
+
+def test_compiled_calls_pass_keyword_named_arguments_and_read_the_value_table():
+    fn = ex.resolve_overload("aten::random_.from")
+    call = ex._make_call(fn, [ex.TensorSlot(1)], {"from": 2, "to": 5, "generator": None})
+    v = [None, torch.zeros(1000)]
+    out = call(v)
+    assert out is v[1] and 2 <= float(out.min()) and float(out.max()) < 5
+    cat = ex._make_call(ex.resolve_overload("aten::cat.default"), [[ex.TensorSlot(0), ex.TensorSlot(1)]], {"dim": 0})
+    assert cat([torch.ones(2), torch.zeros(3)]).tolist() == [1, 1, 0, 0, 0]

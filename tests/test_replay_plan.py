@@ -236,3 +236,27 @@ def test_every_compute_op_of_the_full_shared_traces_replays_on_cpu(archive, memb
     e = ex.Executor(plan.data, "cpu")
     e.probe()
     assert _missing(e) == {}, e.counts()["reasons"]
+
+
+def test_single_tensor_adamw_replay_keeps_parameters_finite(tmp_path):
+    """Wrapped Python numbers (betas, eps, bias corrections) arrive as 0-dim tensors with no value:
+    their synthetic stand-ins must not turn the optimizer's arithmetic into NaN or inf."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3))
+    opt = torch.optim.AdamW(model.parameters(), foreach=False)
+    x = torch.randn(5, 8)
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        model(x).pow(2).mean().backward()
+        opt.step()
+
+    plan = build_plan(load_trace(capture_et(tmp_path / "adamw.json", step)))
+    assert any(op["name"] == "aten::addcdiv_" for op in plan.ops)
+    e = ex.Executor(plan.data, "cpu")
+    e.probe()
+    for _ in range(3):
+        e.run_iteration()
+    floats = [t for t in e._external.values() if t.is_floating_point()]
+    assert floats and all(bool(torch.isfinite(t).all()) for t in floats)
+    assert e.counts()["skipped"] == {}

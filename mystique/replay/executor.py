@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import keyword
 import math
 import os
 import statistics
@@ -650,6 +651,44 @@ class _Compiled:
     bind: list[bool] = field(default_factory=list)  # whether each output is used later
     grad: bool = False  # run with grad mode on (the op recorded an autograd node when captured)
     any_bind: bool = False  # some output is used later
+    single: int | None = None  # the one output id to bind, when the op has exactly one tensor output
+    call: Any = None  # vals -> result: the op called with its arguments read from the value table
+    active: bool = True  # still replayed (False once skipped)
+
+
+def _has_slot(v: Any) -> bool:
+    return isinstance(v, TensorSlot) or (isinstance(v, list) and any(_has_slot(e) for e in v))
+
+
+def _make_call(fn: Any, args: list[Any], kwargs: dict[str, Any]) -> Callable[[list[Any]], Any]:
+    """Compile ``fn(*args, **kwargs)`` with tensor slots read from the value table ``v`` into a lambda.
+
+    Constants are bound as default arguments, so a call costs one Python frame plus the op.
+    """
+    ns: dict[str, Any] = {"_f": getattr(fn, "_op", fn) if isinstance(fn, torch._ops.OpOverload) else fn}
+
+    def expr(v: Any) -> str:
+        if isinstance(v, TensorSlot):
+            return f"v[{v.tid}]"
+        if isinstance(v, list) and _has_slot(v):
+            return "[" + "".join(expr(e) + ", " for e in v) + "]"
+        if v is None or isinstance(v, bool) or (isinstance(v, int) and abs(v) < 2**62):
+            return repr(v)
+        name = f"_k{len(ns)}"
+        ns[name] = v
+        return name
+
+    parts = [expr(a) for a in args]
+    odd: list[str] = []
+    for k, v in kwargs.items():
+        if k.isidentifier() and not keyword.iskeyword(k):
+            parts.append(f"{k}={expr(v)}")
+        else:
+            odd.append(f"{k!r}: {expr(v)}")
+    if odd:
+        parts.append("**{" + ", ".join(odd) + "}")
+    defaults = "".join(f", {k}={k}" for k in ns)
+    return eval(f"lambda v{defaults}: _f({', '.join(parts)})", ns)  # noqa: S307 - our own generated code
 
 
 class Executor:
@@ -770,7 +809,8 @@ class Executor:
                     out = torch.empty(0, dtype=dt, device=base.device)
                     out.set_(base.untyped_storage(), off, shape, strides)
                     return out
-        self._fallbacks += 1
+        if not self._probed:
+            self._fallbacks += 1  # counted once, in the probe iteration
         return self.synth(tid)
 
     def peak_bytes(self) -> int:
@@ -860,8 +900,15 @@ class Executor:
             state = {"call": "replayed", "noop": "noop"}.get(action, "skipped")
             self.status.append(OpStatus(i, name, state, reason))
             grad = bool(op.get("grad")) and self.emulate_autograd
-            self._compiled.append(_Compiled(i, fn if action == "call" else None, args, kwargs, slots, outs,
-                                            alias_out, derived, free_after.get(i, []), bind, grad, any(bind)))
+            free = [t for t in free_after.get(i, []) if t not in self._external]
+            c = _Compiled(i, fn if action == "call" else None, args, kwargs, slots, outs, alias_out, derived,
+                          free, bind, grad, any(bind))
+            if len(outs) == 1 and bind and bind[0]:
+                c.single = outs[0]
+            c.active = c.fn is not None
+            if c.fn is not None:
+                c.call = _make_call(c.fn, args, kwargs)
+            self._compiled.append(c)
 
     @staticmethod
     def _collect_slots(container: Any, key: Any, v: Any, slots: list[tuple[Any, ...]]) -> None:
@@ -939,26 +986,13 @@ class Executor:
                 continue  # an in-place output: the input tensor itself
             vals[tid] = self.synth(tid)
 
-    def _fill(self, c: _Compiled) -> None:
-        vals = self.vals
-        for slot in c.arg_slots:
-            container, key, ref = slot
-            if isinstance(ref, list):
-                container[key] = [vals[r] if r is not None else None for r in ref]
-            else:
-                container[key] = vals[ref]
-
-    @staticmethod
-    def _clear(c: _Compiled) -> None:
-        for container, key, _ref in c.arg_slots:
-            container[key] = None
-
     def run_iteration(self, per_op: bool = False, probe: bool = False) -> list[float]:
         """Run every op once. Returns per-op seconds when ``per_op`` (else an empty list).
 
         ``probe``: the first run, which marks ops that raise as skipped (reason: the error).
         """
         self.prepare()
+        probe = probe or not self._probed  # the first run counts the fallbacks
         self._begin_iteration()
         vals = self.vals
         times: list[float] = []
@@ -980,17 +1014,20 @@ class Executor:
         return times
 
     def _run_ops(self, vals, times, per_op, probe, dev, sync, clock, status, set_grad, grad_on) -> None:
+        shapes = self._shapes
+        dts = self._dtypes
+        tensor = torch.Tensor
+        nan = math.nan
         for c in self._compiled:
-            st = status[c.index]
-            for tid in c.derived:
-                if vals[tid] is None:
-                    vals[tid] = self._derive(tid)
-            if c.fn is None or st.state != "replayed":
+            if c.derived:
+                for tid in c.derived:
+                    if vals[tid] is None:
+                        vals[tid] = self._derive(tid)
+            if not c.active:
                 if per_op:
-                    times.append(math.nan)
+                    times.append(nan)
                 self._skip_outputs(c)
             else:
-                self._fill(c)
                 if c.grad != grad_on:
                     grad_on = c.grad
                     set_grad(grad_on)
@@ -998,42 +1035,55 @@ class Executor:
                     if per_op:
                         sync(dev)
                         t0 = clock()
-                        res = c.fn(*c.args, **c.kwargs)
+                        res = c.call(vals)
                         sync(dev)
                         times.append(clock() - t0)
                     else:
-                        res = c.fn(*c.args, **c.kwargs)
+                        res = c.call(vals)
                 except Exception as exc:  # noqa: BLE001 - an op that cannot run is skipped, not fatal
-                    if c.grad:  # e.g. an in-place op on a leaf that requires grad: run it without autograd
-                        c.grad = grad_on = False
-                        set_grad(False)
-                        try:
-                            res = c.fn(*c.args, **c.kwargs)
-                        except Exception:  # noqa: BLE001
-                            pass
-                        else:
-                            if per_op and len(times) <= c.index:
-                                times.append(math.nan)
-                            self._bind(c, res, st, probe)
-                            res = None
-                            self._clear(c)
-                            for tid in c.free:
-                                if tid not in self._external:
-                                    vals[tid] = None
-                            continue
-                    if per_op and len(times) <= c.index:
-                        times.append(math.nan)
-                    st.state = "skipped"
-                    msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-                    st.reason = f"error: {type(exc).__name__}: {msg[:200]}"
-                    self._skip_outputs(c)
+                    grad_on = self._failed(c, exc, vals, times, per_op, probe, status[c.index], set_grad)
                 else:
-                    self._bind(c, res, st, probe)
+                    tid = c.single
+                    if tid is not None and not self.record_shapes:
+                        if type(res) is tensor or isinstance(res, tensor):
+                            if res.dtype == dts[tid] and (res.shape == shapes[tid] or self.propagate):
+                                vals[tid] = res
+                            else:
+                                self._bind(c, res, status[c.index], probe)
+                        else:
+                            self._bind(c, res, status[c.index], probe)
+                    elif c.any_bind or self.record_shapes:
+                        self._bind(c, res, status[c.index], probe)
                     res = None
-                self._clear(c)  # the compiled call must not keep its inputs alive
-            for tid in c.free:
-                if tid not in self._external:
+            if c.free:
+                for tid in c.free:
                     vals[tid] = None
+
+    def _failed(self, c: _Compiled, exc: Exception, vals, times, per_op, probe, st: OpStatus, set_grad) -> bool:
+        """An op raised: retry it without autograd if it ran with it, else mark it skipped.
+
+        Returns the grad mode now in effect.
+        """
+        if c.grad:  # e.g. an in-place op on a leaf that requires grad: run it without autograd
+            c.grad = False
+            set_grad(False)
+            try:
+                res = c.call(vals)
+            except Exception as exc2:  # noqa: BLE001
+                exc = exc2
+            else:
+                if per_op and len(times) <= c.index:
+                    times.append(math.nan)
+                self._bind(c, res, st, probe)
+                return False
+        if per_op and len(times) <= c.index:
+            times.append(math.nan)
+        c.active = False
+        st.state = "skipped"
+        msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        st.reason = f"error: {type(exc).__name__}: {msg[:200]}"
+        self._skip_outputs(c)
+        return c.grad
 
     def probe(self) -> None:
         """The first, untimed run: finds the ops that cannot run here and the fallback outputs."""
@@ -1131,6 +1181,9 @@ def main(argv: Sequence[str] | None = None, default_plan: str | None = None) -> 
         return 3
     except ReplayError as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except (KeyError, TypeError, ValueError, IndexError) as exc:
+        print(f"error: malformed benchmark plan: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 2
     times = ex.time_iterations(ns.iters, ns.warmup)
     c = ex.counts()

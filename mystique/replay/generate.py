@@ -182,17 +182,16 @@ def infer_batch(plan: Plan) -> int:
             if tid not in seen and tensors[tid]["source"] == "external":
                 seen.add(tid)
                 order.append(tid)
-    cands = [tensors[t] for t in order if t not in mutated and tensors[t]["shape"]]
+    cands = [tensors[t] for t in order if t not in mutated and tensors[t]["shape"] and tensors[t]["shape"][0] > 0]
     ints = [t for t in cands if t["dtype"] not in FLOAT_DTYPES and t["dtype"] != "bool"]
     floats = [t for t in cands if t["dtype"] in FLOAT_DTYPES and len(t["shape"]) >= 2]
     pool = ints or floats
     if not pool:
         raise UsageError("cannot infer the batch size: the benchmark has no data inputs")
     counts = Counter(t["shape"][0] for t in pool)
-    first = pool[0]["shape"][0]
     best = max(counts.values())
-    return first if counts[first] == best else max(counts, key=lambda b: (counts[b], -order.index(next(
-        t["id"] for t in pool if t["shape"][0] == b))))
+    # the most common leading dim; among equally common ones, that of the input consumed first
+    return next(t["shape"][0] for t in pool if counts[t["shape"][0]] == best)
 
 
 def _rescale_dims(shape: list[int], b: int, nb: int) -> list[int]:

@@ -12,6 +12,7 @@ import json
 import math
 import os
 import statistics
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +38,8 @@ def make_executor(plan: Plan, device: str, seed: int = 0) -> ex.Executor:
         raise EnvironmentUnsupported(str(exc)) from exc
     except ex.ReplayError as exc:
         raise UsageError(str(exc)) from exc
+    except (KeyError, TypeError, ValueError, IndexError) as exc:
+        raise UsageError(f"malformed benchmark plan: {type(exc).__name__}: {exc}") from exc
     return e
 
 
@@ -124,30 +127,33 @@ def _results(summary: dict[str, Any], e: ex.Executor, plan: Plan, device: str, s
 
     res = Results(RunContext.for_target(target), "replay")
     c = e.counts()
+    floats = Counter(t["dtype"] for t in plan.tensors if t["dtype"] in ("float32", "float16", "bfloat16", "float64"))
+    dtype = floats.most_common(1)[0][0] if floats else ""
     collectives = sum(n for name, n in c["skipped"].items() if c["reasons"].get(name) == "collective")
     compute_total = c["total"] - collectives
     compute_cov = c["replayed"] / compute_total if compute_total else 1.0
     missing = {k: v for k, v in c["skipped"].items() if c["reasons"].get(k) != "collective"}
     detail = "; ".join(f"{k} x{v}: {c['reasons'].get(k, '')}" for k, v in sorted(missing.items()))
-    res.add("replay_coverage", subject, "coverage", summary["coverage"], threshold=1.0,
+    res.add("replay_coverage", subject, "coverage", summary["coverage"], threshold=1.0, dtype=dtype,
             status="pass" if compute_cov >= 1.0 else "fail",
             detail=(f"compute ops replayed {c['replayed']}/{compute_total}"
                     + (f"; {collectives} collectives skipped" if collectives else "")
                     + (f"; not replayed: {detail}" if detail else "")))
-    res.add("replay_coverage_by_time", subject, "coverage_by_time", summary["coverage_by_time"],
+    res.add("replay_coverage_by_time", subject, "coverage_by_time", summary["coverage_by_time"], dtype=dtype,
             status="pass" if summary["coverage_by_time"] >= 1.0 or compute_cov >= 1.0 else "fail",
             detail="weighted by original op times" if plan.metadata.get("original_op_times")
             else "no original op times: every op weighs the same")
-    res.add("replay_step_time", subject, "median_ms", summary["replay_step_ms"], unit="ms", status="pass",
+    res.add("replay_step_time", subject, "median_ms", summary["replay_step_ms"], unit="ms", status="pass", dtype=dtype,
             detail=f"median of {iters} whole iterations after {warmup} warm-up; seed {seed}")
     ratio = summary["ratio"]
     if ratio is None:
         why = ("original step time unknown" if summary["original_step_ms"] is None else
                f"original timed on {plan.metadata.get('original_device')}, replayed on {device}")
-        res.add("replay_step_time_ratio", subject, "ratio", None, threshold=None, status="skip", detail=why)
+        res.add("replay_step_time_ratio", subject, "ratio", None, threshold=None, status="skip", dtype=dtype,
+                detail=why)
     else:
         ok = RATIO_LOW <= ratio <= RATIO_HIGH
-        res.add("replay_step_time_ratio", subject, "ratio", ratio, threshold=RATIO_HIGH if ratio > 1 else RATIO_LOW,
+        res.add("replay_step_time_ratio", subject, "ratio", ratio, threshold=RATIO_HIGH if ratio > 1 else RATIO_LOW, dtype=dtype,
                 status="pass" if ok else "fail",
                 detail=f"replay {summary['replay_step_ms']:.3f} ms / original {summary['original_step_ms']:.3f} ms; "
                        f"pass within {RATIO_LOW:.2f}-{RATIO_HIGH:.2f}; seed {seed}")

@@ -1,24 +1,43 @@
 """Checked operators (algorithm-based fault tolerance): GEMM and EmbeddingBag with checksums.
 
-GEMM ``C = A @ B`` (A: M x K, B: K x N) is checked twice in O(n^2):
+GEMM ``C = A @ B`` (A: M x K, B: K x N) is checked with two weighted row checksums, in O(n^2):
 
-* row check:    ``C e``   against ``A (B e)``      (one number per row of C)
-* column check: ``e^T C`` against ``(e^T A) B``    (one number per column of C)
+    got = C W        against        ref = A (B W),        W = [e | s]   (N x 2)
 
-A clean run differs from the reference only by rounding. The threshold per row ``i`` is
+where ``e`` is all ones and ``s`` a fixed pseudo-random +-1 pattern (:func:`check_weights`). The
+reference side costs one pass over B (``B W``) and one over A; the check one pass over C, so the
+whole check is three memory passes (about 3 x 1.5% of an n = 1024 fp32 GEMM on one core). The
+second weight vector keeps an operand flip from hiding: a flip of ``a_ik`` moves row ``i`` of the
+plain row sum by ``delta (B e)_k``, which can cancel; it cannot cancel in ``B e`` and ``B s`` at once.
+When a row check fires, the column checks ``e^T C`` against ``(e^T A) B`` (the same weighted pair on
+the transposed problem) run as well, to locate the flipped element; ``checks="col"`` or ``"both"``
+runs them always.
 
-    thr_i = lam * u * (sqrt(K) + log2(N) + log2(K) + 2) * ||a_i||_2 * sum_j ||b_j||_2
+A clean run differs from the reference only by rounding. The threshold of row ``i`` is
 
-(and symmetrically per column ``j`` with ``sum_i ||a_i||_2 * ||b_j||_2``), where ``u`` is the unit
-roundoff of the *accumulation* dtype. It is built from the probabilistic rounding-error bound of a
-dot product (error of ``a.b`` at most ``lam * sqrt(K) * u * sum|a_k b_k|`` with overwhelming
-probability, Higham and Mary 2019) and Cauchy-Schwarz (``sum|a_k b_k| <= ||a|| ||b||``), summed
-with absolute values over the other index so that perfectly correlated errors (identical rows,
-padding tokens) cannot add up past it. The ``log2`` terms cover the rounding of the checksums
-themselves (pairwise sums). Every quantity is O(n^2) and row-norm shaped, so the check costs a few
-passes over A, B and C instead of a second GEMM. ``lam`` was calibrated on clean data of many
-shapes, scales and distributions (uniform positive, heavy tailed, constant, identical rows) and on
-the activations of the reference workloads, and carries a margin (see ``calibrate_gemm_lambda``).
+    thr_i = lam * u * (sqrt(K) + log2(max(M, N)) + log2(K) + 2) * ||a_i||_2 * ||r||_2
+            + u * (K + log2(max(M, N)) + 2) * |(A B e)_i|,          r = |B| e
+
+``u`` the unit roundoff of the accumulation dtype. The first term is the probabilistic
+rounding-error bound of a dot product (error of ``a.b`` at most ``lam sqrt(K) u sum|a_k b_k|`` with
+overwhelming probability, Higham and Mary 2019) summed with absolute values over the columns
+(``sum_j sum_k |a_ik b_kj| = |a_i| . r <= ||a_i|| ||r||``, Cauchy-Schwarz), so perfectly correlated
+errors (identical rows, padding tokens) cannot add up past it; the ``log2`` terms cover the
+rounding of the checksums themselves. The second term is the deterministic gamma bound for
+same-sign data, whose errors add up like K: then ``sum_j sum_k |a_ik b_kj| = |(A B e)_i|``. The
+weighted checksum obeys the same bound (``|s_j| = 1``). ``lam`` (1) was calibrated on clean data of
+many shapes, scales and distributions and on the activations of the reference workloads.
+
+The threshold is evaluated lazily and the verdict is that of the formula above: first with free
+*lower bounds* of the two norms, ``||a_i|| >= |ref_iw| / ||B w||`` and ``||r|| >= ||B w||``
+(``|B w| <= |B| |w| = r`` element-wise); a row whose difference is within that smaller threshold is
+clean. Only rows that are not (a handful on clean data, all of them on a corrupted row) get their
+exact ``||a_i||`` (a gather of those rows), and only if one still fails, the exact ``||r||`` (one
+pass over B). ``max_ratio`` of a clean report is therefore an upper bound of ``|diff| / thr``.
+
+For a Linear layer the weight is static: :func:`encode_linear` computes ``W^T W_chk``, the bias term
+and ``||r||`` once per weight version (cached), so a checked call costs one pass over the input
+(``x (W^T W_chk)``) and one over the output.
 
 bf16/fp16 GEMMs are computed with fp32 accumulation and checked *on the fp32 accumulator*, then
 rounded. Checking the rounded output instead would have to allow each output element its rounding
@@ -26,12 +45,13 @@ error ``2^-8 |c_ij|`` (bf16): a threshold 2^16 times larger, which lets every fl
 eighth mantissa bit of the result through, and every flip of the accumulator that rounding does not
 erase but that stays below that bound. ``check_rounded=True`` does exactly that, for comparison.
 
-int8 GEMMs accumulate in int32 and are checked exactly (int64 checksums, equality).
+int8 GEMMs accumulate in int32 and are checked exactly (int64 row and column checksums, equality).
 
 EmbeddingBag over an fp32 table ``W`` (R x D) runs once over the augmented table
 ``[W | W 1 | |W| 1]`` (R x (D+2), built once by :func:`augment_table`): the two extra columns give,
 in the same pass, the reference checksum of each bag and the magnitude its rounding error is bounded
-by (``thr_b = lam * u * (L_b + D + 4) * sum_{l in bag} sum_d |w_ld|``, the classic gamma bound).
+by (``thr_b = lam * u * (L_b + D + 4) * sum_{l in bag} sum_d |w_ld|``, the classic gamma bound). The
+bag lengths ``L_b`` are only computed when some bag fails the threshold taken with ``L_b = 0``.
 8-bit row-wise quantized tables (per-row scale and bias, the fbgemm layout) keep their checksums in
 a separate R x 2 fp32 table gathered with the same indices.
 """
@@ -39,9 +59,12 @@ a separate R x 2 fp32 table gathered with the same indices.
 from __future__ import annotations
 
 import math
+import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -58,6 +81,8 @@ GEMM_LAMBDA = 1.0
 #: Factor of the EmbeddingBag gamma bound (1 is the rigorous deterministic bound).
 EMBEDDING_LAMBDA = 1.0
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16)
+_CHECK_SEED = 0x5EED
+_MAX_CACHED = 512
 
 
 @dataclass
@@ -65,10 +90,10 @@ class CheckReport:
     """Outcome of one checked operation.
 
     ``alarm`` is True when a checksum disagreed beyond its threshold; ``max_ratio`` is the largest
-    ``|checksum difference| / threshold`` (below 1 on a clean run); ``rows``/``cols`` list the
-    flagged rows and columns (GEMM) or bags (EmbeddingBag, in ``rows``); ``location`` is the first
-    flagged (row, col) of a GEMM when both checks flag; ``checked`` is False when the inputs were
-    not finite (no verdict possible).
+    ``|checksum difference| / threshold`` (below 1 on a clean run; an upper bound of it where the
+    lower-bound threshold already decided); ``rows``/``cols`` list the flagged rows and columns
+    (GEMM) or bags (EmbeddingBag, in ``rows``); ``location`` is the first flagged (row, col) of a
+    GEMM when both checks flag; ``checked`` is False when the inputs were not finite (no verdict).
     """
 
     op: str
@@ -91,37 +116,119 @@ def _dt(dtype: torch.dtype) -> str:
     return str(dtype).replace("torch.", "")
 
 
-def row_norms(x: torch.Tensor) -> torch.Tensor:
-    """Euclidean norm of each row of a 2-D tensor (fast on row-major and transposed storage)."""
-    if x.is_contiguous() or not x.t().is_contiguous():
-        return torch.linalg.vector_norm(x, dim=1)
-    return col_norms(x.t())
+_WEIGHTS: dict[tuple[int, str, torch.dtype], torch.Tensor] = {}
 
 
-def col_norms(x: torch.Tensor) -> torch.Tensor:
-    """Euclidean norm of each column of a 2-D tensor, without an n x n temporary."""
-    if x.t().is_contiguous():
-        return torch.linalg.vector_norm(x.t(), dim=1)
-    acc = torch.zeros(x.shape[1], dtype=x.dtype, device=x.device)
-    step = max(1, (1 << 18) // max(1, x.shape[1]))
-    for s in range(0, x.shape[0], step):
-        chunk = x[s:s + step]
-        acc.add_((chunk * chunk).sum(0))
-    return acc.sqrt_()
+def check_weights(n: int, device: torch.device | str, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """The (2 x n) checksum weights ``[e | s]^T``: ones, and a fixed pseudo-random +-1 pattern (cached)."""
+    key = (n, str(device), dtype)
+    w = _WEIGHTS.get(key)
+    if w is None:
+        g = torch.Generator().manual_seed(_CHECK_SEED)
+        signs = torch.randint(0, 2, (n,), generator=g).mul_(2).sub_(1)
+        w = torch.stack([torch.ones(n, dtype=torch.int64), signs]).to(device=device, dtype=dtype)
+        if len(_WEIGHTS) >= _MAX_CACHED:
+            _WEIGHTS.clear()
+        _WEIGHTS[key] = w
+    return w
+
+
+def _host(t: torch.Tensor) -> np.ndarray:
+    """A small tensor as a float64 NumPy array (the O(M) threshold arithmetic runs on the host)."""
+    return t.detach().cpu().numpy().astype(np.float64)
+
+
+@dataclass
+class RowChecks:
+    """Reference side of the weighted row checks of ``C = A B + e v^T + u e^T`` (C: M x N).
+
+    ``v`` (N,) is a bias added to every row (a Linear bias), ``u`` (M,) one added to every column
+    (the transposed problem of a Linear with bias). ``ref`` (2 x M, host) is
+    ``W^T (A B + e v^T + u e^T)^T`` computed from the operands; ``vnorm`` (2,) the norms of the rows
+    of ``[W^T B^T | W^T v | W^T e]``; ``rnorm`` the norm of ``r = [|B| e; sum|v|; N]``, computed
+    on first need.
+    """
+
+    ref: np.ndarray
+    vnorm: np.ndarray
+    a: torch.Tensor
+    b: torch.Tensor
+    v: torch.Tensor | None = None
+    u: torch.Tensor | None = None
+    rnorm: float | None = None
+
+    @property
+    def k(self) -> int:
+        return self.a.shape[1] + (self.v is not None or self.u is not None)
+
+    def row_norms(self, rows: np.ndarray) -> np.ndarray:
+        """``||a_i||`` of the given rows, the bias column included."""
+        idx = torch.from_numpy(rows).to(self.a.device)
+        sel = self.a.index_select(0, idx)
+        sq = _host(torch.linalg.vector_norm(sel, dim=1)) ** 2 if sel.shape[1] else np.zeros(len(rows))
+        if self.v is not None:
+            sq += 1.0
+        if self.u is not None:
+            sq += _host(self.u.index_select(0, idx)) ** 2
+        return np.sqrt(sq)
+
+    def r_norm(self) -> float:
+        """``||r||`` (one pass over B), cached."""
+        if self.rnorm is None:
+            r = _host(torch.linalg.vector_norm(self.b, ord=1, dim=1))
+            sq = float(np.square(r).sum())
+            if self.v is not None:
+                sq += float(np.abs(_host(self.v)).sum()) ** 2
+            if self.u is not None:
+                sq += float(self.b.shape[1]) ** 2
+            self.rnorm = math.sqrt(sq)
+        return self.rnorm
+
+
+def _vnorm(vt: torch.Tensor, *extra: torch.Tensor) -> np.ndarray:
+    sq = np.square(_host(vt)).sum(1)
+    for e in extra:
+        sq += np.square(_host(e))
+    return np.sqrt(sq)
+
+
+def _encode_rows(a: torch.Tensor, b: torch.Tensor, v: torch.Tensor | None = None,
+                 u: torch.Tensor | None = None) -> RowChecks:
+    wt = check_weights(b.shape[1], b.device, b.dtype)
+    vt = wt @ b.t()  # (2, K): one pass over B
+    ref = vt @ a.t()  # (2, M): one pass over A
+    extra = []
+    if v is not None:
+        vw = wt @ v.to(vt.dtype)
+        ref += vw[:, None]
+        extra.append(vw)
+    if u is not None:
+        ew = wt.sum(1)
+        ref.addr_(ew, u.to(ref.dtype))
+        extra.append(ew)
+    return RowChecks(_host(ref), _vnorm(vt, *extra), a, b, v, u)
 
 
 @dataclass
 class GemmEncoding:
-    """Checksums and threshold scales of ``A @ B`` computed from the operands before the product."""
+    """The reference side of a checked ``A @ B (+ bias)``, computed from the operands before the product.
 
-    ref_row: torch.Tensor  # A (B e)          (M,)
-    ref_col: torch.Tensor  # (e^T A) B        (N,)
-    scale_row: torch.Tensor  # ||a_i|| * sum_j ||b_j||
-    scale_col: torch.Tensor  # sum_i ||a_i|| * ||b_j||
-    k: int
+    Floats: ``rows`` (weighted row checks) and/or ``cols`` (weighted column checks, i.e. the row
+    checks of the transposed problem); when only ``rows`` is encoded, the columns are encoded from
+    the kept operands after an alarm, to locate it. int8: exact int64 ``ref_row``/``ref_col``.
+    The operands are kept by reference: do not modify them between encoding and verification.
+    """
+
     m: int
+    k: int
     n: int
+    rows: RowChecks | None = None
+    cols: RowChecks | None = None
+    locate: bool = True
     exact: bool = False
+    ref_row: torch.Tensor | None = None
+    ref_col: torch.Tensor | None = None
+    bias: torch.Tensor | None = None
 
 
 def _check_2d(a: torch.Tensor, b: torch.Tensor) -> None:
@@ -129,39 +236,35 @@ def _check_2d(a: torch.Tensor, b: torch.Tensor) -> None:
         raise UsageError(f"checked GEMM needs (M,K) @ (K,N) matrices, got {tuple(a.shape)} @ {tuple(b.shape)}")
 
 
-def encode_gemm(a: torch.Tensor, b: torch.Tensor, checks: str = "both",
+def _col_checks(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None) -> RowChecks:
+    """Column checks of ``A B + e bias^T``: the row checks of ``B^T A^T + bias e^T``."""
+    return _encode_rows(b.t(), a.t(), u=bias)
+
+
+@torch.no_grad()
+def encode_gemm(a: torch.Tensor, b: torch.Tensor, checks: str = "row",
                 bias: torch.Tensor | None = None) -> GemmEncoding:
     """Reference checksums of ``a @ b (+ bias)`` from the operands (float: in a's dtype; int8: int64).
 
-    ``bias`` (N,) is folded in as an extra column of ones in A and an extra row in B.
+    ``checks``: ``row`` (the weighted row pair, the default; columns only to locate an alarm),
+    ``col`` or ``both``. ``bias`` (N,) is added to every row of the product.
     """
     _check_2d(a, b)
+    if checks not in ("row", "col", "both"):
+        raise UsageError(f"checks must be row, col or both, got {checks!r}")
     m, k = a.shape
     n = b.shape[1]
     if a.dtype in (torch.int8, torch.uint8):
         a64, b64 = a.to(torch.int64), b.to(torch.int64)
-        ref_row = a64 @ b64.sum(1) if checks in ("row", "both") else torch.empty(0)
-        ref_col = a64.sum(0) @ b64 if checks in ("col", "both") else torch.empty(0)
+        ref_row = a64 @ b64.sum(1)
+        ref_col = a64.sum(0) @ b64
         if bias is not None:
             ref_row = ref_row + bias.to(torch.int64).sum()
             ref_col = ref_col + m * bias.to(torch.int64)
-        empty = torch.empty(0)
-        return GemmEncoding(ref_row, ref_col, empty, empty, k, m, n, exact=True)
-    na = row_norms(a)
-    nb = col_norms(b)
-    if bias is not None:
-        nb = torch.sqrt(nb * nb + bias.to(nb.dtype) ** 2)
-        na = torch.sqrt(na * na + 1.0)
-    ref_row = ref_col = torch.empty(0)
-    if checks in ("row", "both"):
-        ref_row = a @ b.sum(1)
-        if bias is not None:
-            ref_row = ref_row + bias.sum()
-    if checks in ("col", "both"):
-        ref_col = a.sum(0) @ b
-        if bias is not None:
-            ref_col = ref_col + m * bias
-    return GemmEncoding(ref_row, ref_col, na * nb.sum(), na.sum() * nb, k + (bias is not None), m, n)
+        return GemmEncoding(m, k, n, exact=True, ref_row=ref_row, ref_col=ref_col)
+    rows = _encode_rows(a, b, v=bias) if checks in ("row", "both") else None
+    cols = _col_checks(a, b, bias) if checks in ("col", "both") else None
+    return GemmEncoding(m, k, n, rows, cols, bias=bias)
 
 
 def gemm_factor(k: int, m: int, n: int, u: float, lam: float) -> float:
@@ -169,51 +272,84 @@ def gemm_factor(k: int, m: int, n: int, u: float, lam: float) -> float:
     return lam * u * (math.sqrt(k) + math.log2(max(m, n, 2)) + math.log2(max(k, 2)) + 2.0)
 
 
+def _verify_rows(rc: RowChecks, c: torch.Tensor, *, u: float, lam: float, u_out: float, exact_ratio: bool = False
+                 ) -> tuple[list[int], float, bool]:
+    """Flagged rows (first 16), the largest ratio and whether a verdict was possible.
+
+    ``exact_ratio`` skips the lower-bound thresholds, so that the ratio is exact (for calibration).
+    """
+    m, n = c.shape
+    if m == 0:
+        return [], 0.0, True
+    k = rc.k
+    factor = gemm_factor(k, m, n, u, lam) + u_out
+    det = u * (k + math.log2(max(m, n, 2)) + 2.0)
+    tiny = float(torch.finfo(c.dtype).tiny) * (k + m + n)
+    got = _host(check_weights(n, c.device, c.dtype) @ c.t())  # (2, M): one pass over C
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        diff = np.abs(got - rc.ref).max(0)
+        refabs = np.abs(rc.ref)
+        base = refabs[0] * det + tiny  # the same-sign term, exact
+        vn = np.maximum(rc.vnorm, tiny)
+        vmax = float(vn.max())
+        if exact_ratio:
+            cand = np.arange(m)
+            ratio = np.full(m, np.nan)
+        else:
+            # lower bound of ||a_i|| ||r||; (1 - 2^-16) keeps it one despite rounding
+            lb = (refabs / vn[:, None]).max(0) * (vmax * factor * (1.0 - 2.0**-16))
+            ratio = diff / (base + lb)
+            worst = float(ratio.max())  # NaN when anything is not finite
+            if worst <= 1.0:
+                return [], worst, True
+            cand = np.flatnonzero(~(ratio <= 1.0))
+        d_c, base_c = diff[cand], base[cand]
+        na = rc.row_norms(cand)
+        thr = base_c + na * (factor * vmax)
+        if exact_ratio or not bool((d_c <= thr).all()):  # exact ||r|| only when the exact ||a_i|| was not enough
+            thr = base_c + na * (factor * rc.r_norm())
+        valid = np.isfinite(rc.ref[:, cand]).all(0) & np.isfinite(thr)
+        bad = ~(d_c <= thr) & valid
+        ratio[cand] = np.where(valid, d_c / thr, 0.0)
+    rows = cand[bad][:16].tolist()
+    return rows, float(np.nan_to_num(ratio, nan=math.inf).max()), bool(valid.all())
+
+
+@torch.no_grad()
 def verify_gemm(enc: GemmEncoding, c: torch.Tensor, *, dtype: torch.dtype, lam: float | None = None,
-                u: float | None = None, u_out: float = 0.0, op: str = "gemm") -> CheckReport:
+                u: float | None = None, u_out: float = 0.0, op: str = "gemm", exact_ratio: bool = False
+                ) -> CheckReport:
     """Compare the computed product ``c`` (accumulator precision) with the encoding.
 
     ``u`` defaults to the unit roundoff of ``c.dtype``; ``u_out`` adds the rounding of an output
-    that was rounded to a narrower dtype before the check. Returns a :class:`CheckReport`.
+    that was rounded to a narrower dtype before the check; ``exact_ratio`` evaluates the exact
+    threshold of every row (same verdict, exact ``max_ratio``, slower). Returns a :class:`CheckReport`.
     """
     shape = (enc.m, enc.k, enc.n)
     rows: list[int] = []
     cols: list[int] = []
     if enc.exact:
         c64 = c.to(torch.int64)
-        if enc.ref_row.numel():
-            rows = torch.nonzero(c64.sum(1) != enc.ref_row).flatten().tolist()
-        if enc.ref_col.numel():
-            cols = torch.nonzero(c64.sum(0) != enc.ref_col).flatten().tolist()
+        rows = torch.nonzero(c64.sum(1) != enc.ref_row).flatten().tolist()
+        cols = torch.nonzero(c64.sum(0) != enc.ref_col).flatten().tolist()
         alarm = bool(rows or cols)
         loc = (rows[0], cols[0]) if rows and cols else None
         return CheckReport(op, _dt(dtype), alarm, math.inf if alarm else 0.0, True, rows[:16], cols[:16], loc, shape)
     lam = GEMM_LAMBDA if lam is None else lam
     u = UNIT_ROUNDOFF[c.dtype] if u is None else u
-    factor = gemm_factor(enc.k, enc.m, enc.n, u, lam) + u_out
-    # same-sign data make rounding errors correlated (they add up like K, not sqrt(K)); then
-    # sum_j sum_k |a_ik b_kj| = |checksum| and the deterministic gamma bound applies to it directly
-    det = u * (enc.k + math.log2(max(enc.m, enc.n, 2)) + 2.0)
-    tiny = torch.finfo(c.dtype).tiny * (enc.k + enc.m + enc.n)
-    ratios = []
+    ratios: list[float] = []
     checked = True
-    for got_fn, ref, scale, out in ((lambda: c.sum(1), enc.ref_row, enc.scale_row, rows),
-                                    (lambda: c.sum(0), enc.ref_col, enc.scale_col, cols)):
-        if not ref.numel():
-            continue
-        thr = torch.addcmul(scale * factor + tiny, ref.abs(), torch.tensor(det, dtype=ref.dtype, device=ref.device))
-        diff = got_fn().sub_(ref).abs_()
-        worst = float(diff.div(thr).max())  # NaN when anything is not finite
-        if worst <= 1.0:  # fast path: clean
-            ratios.append(worst)
-            continue
-        valid = torch.isfinite(ref) & torch.isfinite(thr)
-        if not bool(valid.all()):
-            checked = False
-        bad = ~(diff <= thr) & valid
-        out.extend(torch.nonzero(bad).flatten()[:16].tolist())
-        r = torch.where(valid, diff / thr, torch.zeros_like(diff))
-        ratios.append(float(r.nan_to_num(math.inf).max()) if r.numel() else 0.0)
+    if enc.rows is not None:
+        rows, r, ok = _verify_rows(enc.rows, c, u=u, lam=lam, u_out=u_out, exact_ratio=exact_ratio)
+        ratios.append(r)
+        checked &= ok
+    col_enc = enc.cols
+    if col_enc is None and rows and enc.locate and enc.rows is not None:
+        col_enc = _col_checks(enc.rows.a, enc.rows.b, enc.bias)  # only after an alarm: locate it
+    if col_enc is not None:
+        cols, r, ok = _verify_rows(col_enc, c.t(), u=u, lam=lam, u_out=u_out, exact_ratio=exact_ratio)
+        ratios.append(r)
+        checked &= ok
     alarm = bool(rows or cols)
     loc = (rows[0], cols[0]) if rows and cols else None
     return CheckReport(op, _dt(dtype), alarm, max(ratios) if ratios else 0.0, checked, rows, cols, loc, shape)
@@ -232,13 +368,13 @@ def _accumulate(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return a @ b
 
 
-def checked_mm(a: torch.Tensor, b: torch.Tensor, *, checks: str = "both", lam: float | None = None,
-               check_rounded: bool = False) -> tuple[torch.Tensor, CheckReport]:
-    """``a @ b`` with row and column checksums; returns ``(c, report)``.
+def checked_mm(a: torch.Tensor, b: torch.Tensor, *, checks: str = "row", lam: float | None = None,
+               check_rounded: bool = False, exact_ratio: bool = False) -> tuple[torch.Tensor, CheckReport]:
+    """``a @ b`` with weighted row checksums (``checks``: ``row``, ``col`` or ``both``); returns ``(c, report)``.
 
     fp32: checked as computed. bf16/fp16: accumulated and checked in fp32, then rounded to the input
     dtype (``check_rounded=True`` checks the rounded output instead; weaker, for comparison).
-    int8: int32 result, exact check.
+    int8: int32 result, exact row and column checks.
     """
     _check_2d(a, b)
     if a.dtype != b.dtype:
@@ -253,27 +389,106 @@ def checked_mm(a: torch.Tensor, b: torch.Tensor, *, checks: str = "both", lam: f
         return c, verify_gemm(enc, c, dtype=a.dtype, op="gemm")
     a32, b32 = (a, b) if a.dtype == torch.float32 else (a.float(), b.float())
     enc = encode_gemm(a32, b32, checks)
-    acc = _accumulate(a, b)
+    acc = a32 @ b32
     if a.dtype == torch.float32:
-        return acc, verify_gemm(enc, acc, dtype=a.dtype, lam=lam)
+        return acc, verify_gemm(enc, acc, dtype=a.dtype, lam=lam, exact_ratio=exact_ratio)
     out = acc.to(a.dtype)
     if check_rounded:
         return out, verify_gemm(enc, out.float(), dtype=a.dtype, lam=lam, u=UNIT_ROUNDOFF[torch.float32],
-                                u_out=UNIT_ROUNDOFF[a.dtype], op="gemm_rounded")
-    return out, verify_gemm(enc, acc, dtype=a.dtype, lam=lam)
+                                u_out=UNIT_ROUNDOFF[a.dtype], op="gemm_rounded", exact_ratio=exact_ratio)
+    return out, verify_gemm(enc, acc, dtype=a.dtype, lam=lam, exact_ratio=exact_ratio)
+
+
+# ----------------------------------------------------------------------------- Linear
+
+@dataclass
+class LinearEncoding:
+    """The weight side of a checked ``F.linear(x, W, b)``, computed once per weight version.
+
+    ``w``/``bias`` are the weight and bias in the accumulation dtype (the originals when fp32);
+    ``vt`` (2 x K) is ``[e | s]^T W``, ``vw`` (2,) ``[e | s]^T b``, ``vnorm`` the row norms of
+    ``[vt | vw]`` and ``rnorm`` the norm of ``[|W|^T e; sum|b|]``.
+    """
+
+    w: torch.Tensor
+    bias: torch.Tensor | None
+    vt: torch.Tensor
+    vw: torch.Tensor | None
+    vnorm: np.ndarray
+    rnorm: float
+
+
+def encode_linear(weight: torch.Tensor, bias: torch.Tensor | None = None) -> LinearEncoding:
+    """Encode a Linear layer's weight (N x K) and bias (N,) for :func:`verify_linear`."""
+    if weight.dim() != 2 or (bias is not None and bias.shape != (weight.shape[0],)):
+        raise UsageError(f"encode_linear needs an (N, K) weight and an (N,) bias, got {tuple(weight.shape)}"
+                         f"{'' if bias is None else ' and ' + str(tuple(bias.shape))}")
+    if weight.dtype not in _FLOATS:
+        raise UsageError(f"checked Linear supports float32, bfloat16 and float16 weights, got {weight.dtype}")
+    with torch.no_grad():
+        w = weight.detach().float()
+        b = bias.detach().float() if bias is not None else None
+        wt = check_weights(w.shape[0], w.device, w.dtype)
+        vt = wt @ w
+        vw = wt @ b if b is not None else None
+        vnorm = _vnorm(vt, vw) if vw is not None else _vnorm(vt)
+        rnorm = RowChecks(np.zeros((2, 0)), vnorm, w[:0], w.t(), b).r_norm()
+        return LinearEncoding(w, b, vt, vw, vnorm, rnorm)
+
+
+def verify_linear(enc: LinearEncoding, x2: torch.Tensor, y2: torch.Tensor, *, dtype: torch.dtype,
+                  lam: float | None = None, u: float | None = None, u_out: float = 0.0,
+                  op: str = "linear", exact_ratio: bool = False) -> CheckReport:
+    """Check ``y2 = x2 W^T + b`` (2-D, accumulation dtype) against the layer's encoding; returns a report.
+
+    Costs one pass over ``x2`` (the reference checksums) and one over ``y2``.
+    """
+    with torch.no_grad():
+        ref = torch.addmm(enc.vw[:, None], enc.vt, x2.t()) if enc.vw is not None else enc.vt @ x2.t()
+        rc = RowChecks(_host(ref), enc.vnorm, x2, enc.w.t(), enc.bias, None, enc.rnorm)
+        ge = GemmEncoding(x2.shape[0], x2.shape[1], enc.w.shape[0], rows=rc, bias=enc.bias)
+        return verify_gemm(ge, y2, dtype=dtype, lam=lam, u=u, u_out=u_out, op=op, exact_ratio=exact_ratio)
+
+
+class _LinearCache:
+    """Encodings of the weights :func:`checked_linear` saw, keyed by identity and version (weakly held)."""
+
+    def __init__(self) -> None:
+        self.entries: dict[int, tuple[Any, Any, tuple[Any, ...], LinearEncoding]] = {}
+
+    def get(self, weight: torch.Tensor, bias: torch.Tensor | None) -> LinearEncoding:
+        key = (weight._version, bias._version if bias is not None else None, weight.dtype, weight.device,
+               tuple(weight.shape), weight.data_ptr(), bias.data_ptr() if bias is not None else None)
+        hit = self.entries.get(id(weight))
+        if hit is not None and hit[0]() is weight and (hit[1]() if hit[1] is not None else None) is bias \
+                and hit[2] == key:
+            return hit[3]
+        enc = encode_linear(weight, bias)
+        if len(self.entries) >= _MAX_CACHED:
+            self.entries.clear()
+        self.entries[id(weight)] = (weakref.ref(weight), weakref.ref(bias) if bias is not None else None, key, enc)
+        return enc
+
+
+_LINEARS = _LinearCache()
 
 
 def checked_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
-                   lam: float | None = None) -> tuple[torch.Tensor, CheckReport]:
-    """``F.linear(x, weight, bias)`` checked like a GEMM (x flattened to 2-D); returns ``(y, report)``."""
+                   lam: float | None = None, encoding: LinearEncoding | None = None, exact_ratio: bool = False
+                   ) -> tuple[torch.Tensor, CheckReport]:
+    """``F.linear(x, weight, bias)`` checked like a GEMM (x flattened to 2-D); returns ``(y, report)``.
+
+    The weight side is encoded once per weight version (``encoding``, or a cache keyed by the
+    weight tensor itself), so a call costs the product, one pass over ``x`` and one over ``y``.
+    """
+    enc = encoding if encoding is not None else _LINEARS.get(weight, bias)
     x2 = x.reshape(-1, x.shape[-1])
-    work = torch.float32 if x.dtype in _FLOATS else x.dtype
-    xw, ww = x2.to(work), weight.to(work)
-    bw = bias.to(work) if bias is not None else None
-    enc = encode_gemm(xw, ww.t(), "both", bias=bw)
-    acc = F.linear(xw, ww, bw)
-    rep = verify_gemm(enc, acc, dtype=x.dtype, lam=lam, op="linear")
-    return acc.to(x.dtype).reshape(*x.shape[:-1], weight.shape[0]), rep
+    if x2.dtype != enc.w.dtype:
+        x2 = x2.to(enc.w.dtype)
+    acc = F.linear(x2, enc.w, enc.bias)
+    rep = verify_linear(enc, x2, acc, dtype=x.dtype, lam=lam, exact_ratio=exact_ratio)
+    y = acc if acc.dtype == x.dtype else acc.to(x.dtype)
+    return y.reshape(*x.shape[:-1], enc.w.shape[0]), rep
 
 
 # ----------------------------------------------------------------------------- EmbeddingBag
@@ -291,21 +506,34 @@ def _bag_lengths(indices: torch.Tensor, offsets: torch.Tensor, n_bags: int) -> t
     return torch.diff(offsets[:n_bags], append=offsets.new_full((1,), indices.numel())) if n_bags else offsets[:0]
 
 
-def _verify_bags(got: torch.Tensor, ref: torch.Tensor, absum: torch.Tensor, lengths: torch.Tensor, d: int,
-                 extra: float, lam: float | None, op: str, dtype: str, shape: tuple[int, ...]) -> CheckReport:
+def _verify_bags(got: torch.Tensor, ref: torch.Tensor, absum: torch.Tensor,
+                 lengths: torch.Tensor | Callable[[], torch.Tensor], d: int, extra: float, lam: float | None,
+                 op: str, dtype: str, shape: tuple[int, ...], exact_ratio: bool = False) -> CheckReport:
+    """Compare pooled checksums: ``|got - ref| <= lam u (L_b + d + extra) absum_b`` per bag.
+
+    ``lengths`` (bag lengths, or a function computing them) is only needed when some bag fails the
+    threshold taken with ``L_b = 0``, a lower bound of the real one (or always, with
+    ``exact_ratio``, for an exact ``max_ratio``). The O(bags) arithmetic runs on the host in fp64.
+    """
     lam = EMBEDDING_LAMBDA if lam is None else lam
-    u = UNIT_ROUNDOFF[torch.float32]
-    thr = (lengths.to(torch.float32) + (d + extra)).mul_(absum).mul_(lam * u).add_(torch.finfo(torch.float32).tiny * (d + 2))
-    diff = got.sub_(ref).abs_() if got.is_floating_point() else (got - ref).abs()
-    worst = float(diff.div(thr).max()) if diff.numel() else 0.0
-    if worst <= 1.0:
-        return CheckReport(op, dtype, False, worst, True, [], [], None, shape)
-    valid = torch.isfinite(ref) & torch.isfinite(thr)
-    bad = ~(diff <= thr) & valid
-    rows = torch.nonzero(bad).flatten()[:16].tolist()
-    r = torch.where(valid, diff / thr, torch.zeros_like(diff))
-    ratio = float(r.nan_to_num(math.inf).max()) if r.numel() else 0.0
-    return CheckReport(op, dtype, bool(rows), ratio, bool(valid.all()), rows, [], None, shape)
+    k = lam * UNIT_ROUNDOFF[torch.float32]
+    tiny = float(torch.finfo(torch.float32).tiny) * (d + 2)
+    if not got.numel():
+        return CheckReport(op, dtype, False, 0.0, True, [], [], None, shape)
+    g, r, ab = _host(got), _host(ref), _host(absum)
+    with np.errstate(invalid="ignore", over="ignore"):
+        diff = np.abs(g - r)
+        worst = math.inf if exact_ratio else float((diff / (ab * (k * (d + extra)) + tiny)).max())
+        if worst <= 1.0:  # NaN (something not finite) falls through
+            return CheckReport(op, dtype, False, worst, True, [], [], None, shape)
+        lens = _host(lengths() if callable(lengths) else lengths)
+        thr = (lens + (d + extra)) * ab * k + tiny
+        valid = np.isfinite(r) & np.isfinite(thr)
+        bad = ~(diff <= thr) & valid
+        ratio = np.where(valid, diff / thr, 0.0)
+    rows = np.flatnonzero(bad)[:16].tolist()
+    return CheckReport(op, dtype, bool(rows), float(np.nan_to_num(ratio, nan=math.inf).max()), bool(valid.all()),
+                       rows, [], None, shape)
 
 
 def _bags_args(indices: torch.Tensor, offsets: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -318,7 +546,8 @@ def _bags_args(indices: torch.Tensor, offsets: torch.Tensor | None) -> tuple[tor
 
 
 def checked_embedding_bag(aug_table: torch.Tensor, indices: torch.Tensor, offsets: torch.Tensor | None = None,
-                          mode: str = "sum", *, lam: float | None = None) -> tuple[torch.Tensor, CheckReport]:
+                          mode: str = "sum", *, lam: float | None = None, exact_ratio: bool = False
+                          ) -> tuple[torch.Tensor, CheckReport]:
     """EmbeddingBag (sum or mean) over a table made by :func:`augment_table`; returns ``(out, report)``.
 
     ``out`` is the (bags x D) result (a view of the augmented output); one embedding_bag call gives
@@ -330,9 +559,8 @@ def checked_embedding_bag(aug_table: torch.Tensor, indices: torch.Tensor, offset
     d = aug_table.shape[1] - 2
     res = F.embedding_bag(idx, aug_table, off, mode=mode)
     out = res[:, :d]
-    lengths = _bag_lengths(idx, off, res.shape[0])
-    rep = _verify_bags(out.sum(1), res[:, d], res[:, d + 1], lengths, d, 4.0, lam, f"embedding_bag_{mode}",
-                       "float32", (aug_table.shape[0], d, res.shape[0]))
+    rep = _verify_bags(out.sum(1), res[:, d], res[:, d + 1], lambda: _bag_lengths(idx, off, res.shape[0]), d, 4.0,
+                       lam, f"embedding_bag_{mode}", "float32", (aug_table.shape[0], d, res.shape[0]), exact_ratio)
     return out, rep
 
 
@@ -396,16 +624,17 @@ def quantized_embedding_bag(table: QuantizedTable, indices: torch.Tensor, offset
 
 def checked_quantized_embedding_bag(table: QuantizedTable, indices: torch.Tensor,
                                     offsets: torch.Tensor | None = None, mode: str = "sum", *,
-                                    lam: float | None = None) -> tuple[torch.Tensor, CheckReport]:
+                                    lam: float | None = None, exact_ratio: bool = False
+                                    ) -> tuple[torch.Tensor, CheckReport]:
     """8-bit row-wise EmbeddingBag (sum or mean) checked against the precomputed row checksums."""
     if mode not in ("sum", "mean"):
         raise UsageError(f"checked_quantized_embedding_bag supports sum and mean pooling, got {mode!r}")
     idx, off = _bags_args(indices, offsets)
     out = quantized_embedding_bag(table, idx, off, mode)
     chk = F.embedding_bag(idx, table.checks, off, mode=mode)
-    lengths = _bag_lengths(idx, off, out.shape[0])
-    rep = _verify_bags(out.sum(1), chk[:, 0], chk[:, 1], lengths, table.dim, 6.0, lam,
-                       f"embedding_bag_8bit_{mode}", "uint8", (table.packed.shape[0], table.dim, out.shape[0]))
+    rep = _verify_bags(out.sum(1), chk[:, 0], chk[:, 1], lambda: _bag_lengths(idx, off, out.shape[0]), table.dim,
+                       6.0, lam, f"embedding_bag_8bit_{mode}", "uint8", (table.packed.shape[0], table.dim, out.shape[0]),
+                       exact_ratio)
     return out, rep
 
 
@@ -417,30 +646,39 @@ def embedding_checks_table(weight: torch.Tensor) -> torch.Tensor:
 
 def verify_embedding_output(out: torch.Tensor, checks: torch.Tensor, indices: torch.Tensor,
                             offsets: torch.Tensor | None, mode: str, per_sample_weights: torch.Tensor | None = None,
-                            *, lam: float | None = None, u_out: float = 0.0, op: str = "embedding_bag"
-                            ) -> CheckReport:
+                            *, lam: float | None = None, u_out: float = 0.0, op: str = "embedding_bag",
+                            exact_ratio: bool = False) -> CheckReport:
     """Check the output of an existing EmbeddingBag (or Embedding when ``mode == 'none'``) call."""
     d = out.shape[-1]
     if mode == "none":
         got = out.float().reshape(-1, d).sum(1)
         chk = checks[indices.reshape(-1)]
-        lengths = torch.ones_like(got)
         ref, absum = chk[:, 0], chk[:, 1]
+
+        def lengths() -> torch.Tensor:
+            return torch.ones_like(ref)
     else:
         idx, off = _bags_args(indices, offsets)
         if mode == "max":
             return CheckReport(op, _dt(out.dtype), False, 0.0, False, shape=tuple(out.shape))
         got = out.float().sum(1)
-        ref = F.embedding_bag(idx, checks[:, :1], off, mode=mode, per_sample_weights=per_sample_weights)[:, 0]
-        psw_abs = per_sample_weights.abs() if per_sample_weights is not None else None
-        absum = F.embedding_bag(idx, checks[:, 1:], off, mode=mode, per_sample_weights=psw_abs)[:, 0]
-        lengths = _bag_lengths(idx, off, got.shape[0])
-    rep = _verify_bags(got.clone(), ref, absum, lengths, d, 4.0, lam, op, _dt(out.dtype), tuple(out.shape))
+        if per_sample_weights is None:  # one gather gives both columns
+            chk = F.embedding_bag(idx, checks, off, mode=mode)
+            ref, absum = chk[:, 0], chk[:, 1]
+        else:
+            ref = F.embedding_bag(idx, checks[:, :1], off, mode=mode, per_sample_weights=per_sample_weights)[:, 0]
+            absum = F.embedding_bag(idx, checks[:, 1:], off, mode=mode,
+                                    per_sample_weights=per_sample_weights.abs())[:, 0]
+
+        def lengths() -> torch.Tensor:
+            return _bag_lengths(idx, off, ref.shape[0])
+    rep = _verify_bags(got, ref, absum, lengths, d, 4.0, lam, op, _dt(out.dtype),
+                       tuple(out.shape), exact_ratio)
     if u_out:
         # output rounded to a narrower dtype: allow each element its rounding error (sum |out| <= absum)
         thr_extra = u_out * absum
         diff = (got - ref).abs()
-        base = EMBEDDING_LAMBDA * UNIT_ROUNDOFF[torch.float32] * (lengths.to(torch.float32) + d + 4.0) * absum
+        base = EMBEDDING_LAMBDA * UNIT_ROUNDOFF[torch.float32] * (lengths().to(torch.float32) + d + 4.0) * absum
         bad = ~(diff <= base + thr_extra) & torch.isfinite(ref)
         rep.rows = torch.nonzero(bad).flatten()[:16].tolist()
         rep.alarm = bool(rep.rows)

@@ -320,7 +320,12 @@ CLEAN_OPS = ("gemm_float32", "gemm_bfloat16", "gemm_float16", "gemm_int8", "line
 
 def clean_trial_fn(seed: int, device: str, active: Callable[[], AbstractContextManager[Any]],
                    max_dim: int = 48) -> TrialFn:
-    """Trial ``i``: one checked operation on clean random data; the outcome records any alarm."""
+    """Trial ``i``: one checked operation on clean random data; the outcome records any alarm.
+
+    Each operation is checked twice, by the product's path (lower-bound thresholds first) and with
+    ``exact_ratio`` (every exact threshold): ``alarm`` is either's alarm, ``ratio`` the exact
+    largest ``|diff| / threshold`` and ``paths_agree`` whether both reached the same verdict.
+    """
 
     def fn(i: int) -> dict[str, Any]:
         s = hash_seed(seed, "clean", i)
@@ -328,6 +333,7 @@ def clean_trial_fn(seed: int, device: str, active: Callable[[], AbstractContextM
         g = torch.Generator().manual_seed(s)
         op = CLEAN_OPS[i % len(CLEAN_OPS)]
         dist = rng.choice(DISTRIBUTIONS)
+        reps: list[abft.CheckReport] = []
         scale = 10.0 ** rng.uniform(-6, 6)
         if op.startswith(("gemm", "linear")):
             m, k, n = (rng.randint(1, max_dim) for _ in range(3))
@@ -338,12 +344,14 @@ def clean_trial_fn(seed: int, device: str, active: Callable[[], AbstractContextM
                 sc = min(scale, 1e3) if dt == torch.float16 else scale
                 a = (random_matrix((m, k), dist, g) * sc).to(dt).to(device)
                 b = random_matrix((k, n), dist, g).to(dt).to(device)
+            bias = random_matrix((1, n), dist, g)[0].to(device) * scale if op.startswith("linear") else None
             with active():
-                if op.startswith("linear"):
-                    bias = random_matrix((1, n), dist, g)[0].to(device) * scale
-                    _, rep = abft.checked_linear(a, b.t().contiguous(), bias)
-                else:
-                    _, rep = abft.checked_mm(a, b)
+                for exact in (False, True):  # the product's path (verdict), then the exact ratio
+                    if bias is not None:
+                        _, rep = abft.checked_linear(a, b.t().contiguous(), bias, exact_ratio=exact)
+                    else:
+                        _, rep = abft.checked_mm(a, b, exact_ratio=exact)
+                    reps.append(rep)
             shape = [m, k, n]
         else:
             rows, d = rng.randint(1, 128), rng.choice((1, 3, 8, 16, 64))
@@ -356,13 +364,16 @@ def clean_trial_fn(seed: int, device: str, active: Callable[[], AbstractContextM
             if "8bit" in op:
                 table = abft.QuantizedTable.from_float(weight)
                 with active():
-                    _, rep = abft.checked_quantized_embedding_bag(table, idx, offsets, mode)
+                    reps.extend(abft.checked_quantized_embedding_bag(table, idx, offsets, mode, exact_ratio=x)[1]
+                                for x in (False, True))
             else:
                 aug = abft.augment_table(weight)
                 with active():
-                    _, rep = abft.checked_embedding_bag(aug, idx, offsets, mode)
+                    reps.extend(abft.checked_embedding_bag(aug, idx, offsets, mode, exact_ratio=x)[1]
+                                for x in (False, True))
             shape = [rows, d, bags]
         return {"op": op, "seed": s, "dist": dist, "scale": scale, "shape": shape,
-                "alarm": bool(rep.alarm), "ratio": rep.max_ratio}
+                "alarm": bool(reps[0].alarm or reps[1].alarm), "ratio": reps[1].max_ratio,
+                "paths_agree": reps[0].alarm == reps[1].alarm}
 
     return fn

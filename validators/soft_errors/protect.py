@@ -5,6 +5,12 @@ against checksums computed from the inputs and cached weight checksums (recomput
 changes, e.g. after an optimizer step); ``guard.alarms`` lists the detections and ``guard.checks``
 counts the verified calls. The hooks never change an output.
 
+Cost per call (the weight side is cached): a Linear, one pass over its input and one over its
+output (:func:`.abft.verify_linear`); an EmbeddingBag, a second gather over an R x 2 checksum table
+with the same indices plus one pass over the output. The fused EmbeddingBag check (checksum columns
+in the table itself, one gather) is :func:`.abft.checked_embedding_bag` over an
+:func:`.abft.augment_table`.
+
 Linear layers are verified at the precision of their output: fp32 layers with the fp32 GEMM bound;
 bf16/fp16 layers (whose fp32 accumulator is gone once the hook sees the output) with the output's
 rounding allowed (the ``check_rounded`` bound of :mod:`.abft`), which is weaker. Use
@@ -82,7 +88,7 @@ def _key(*ts: torch.Tensor | None) -> tuple[Any, ...]:
     return tuple((t.data_ptr(), t._version, t.dtype, t.device) if t is not None else None for t in ts)
 
 
-def _linear_hook(guard: Guard, name: str, lam: float | None):
+def _linear_hook(guard: Guard, name: str, lam: float | None, exact: bool):
     cache = _WeightCache()
 
     def hook(mod: nn.Linear, inputs: tuple[Any, ...], output: torch.Tensor) -> None:
@@ -92,24 +98,20 @@ def _linear_hook(guard: Guard, name: str, lam: float | None):
         with torch.no_grad():
             w = mod.weight
             bias = mod.bias
-
-            def make() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-                w32 = w.detach().float()
-                return w32, w32.sum(0), (bias.detach().float() if bias is not None else None)
-
-            w32, wsum, b32 = cache.get(_key(w, bias), make)
-            x2 = x.detach().reshape(-1, x.shape[-1]).float()
-            y2 = output.detach().reshape(-1, output.shape[-1]).float()
-            enc = abft.encode_gemm(x2, w32.t(), "both", bias=b32)
+            enc = cache.get(_key(w, bias), lambda: abft.encode_linear(w, bias))
+            x2 = x.detach().reshape(-1, x.shape[-1])
+            y2 = output.detach().reshape(-1, output.shape[-1])
+            x2 = x2 if x2.dtype == torch.float32 else x2.float()
+            y2 = y2 if y2.dtype == torch.float32 else y2.float()
             u_out = abft.UNIT_ROUNDOFF[output.dtype] if output.dtype != torch.float32 else 0.0
-            rep = abft.verify_gemm(enc, y2, dtype=output.dtype, lam=lam, u=abft.UNIT_ROUNDOFF[torch.float32],
-                                   u_out=u_out, op="linear")
+            rep = abft.verify_linear(enc, x2, y2, dtype=output.dtype, lam=lam, u=abft.UNIT_ROUNDOFF[torch.float32],
+                                     u_out=u_out, op="linear", exact_ratio=exact)
             guard.record(name, "linear", rep)
 
     return hook
 
 
-def _embedding_hook(guard: Guard, name: str, lam: float | None, bag: bool):
+def _embedding_hook(guard: Guard, name: str, lam: float | None, bag: bool, exact: bool):
     cache = _WeightCache()
 
     def hook(mod: nn.Module, inputs: tuple[Any, ...], output: torch.Tensor) -> None:
@@ -129,23 +131,27 @@ def _embedding_hook(guard: Guard, name: str, lam: float | None, bag: bool):
                 return
             u_out = abft.UNIT_ROUNDOFF[output.dtype] if output.dtype != torch.float32 else 0.0
             rep = abft.verify_embedding_output(output.detach(), checks, indices, offsets, mode, psw, lam=lam,
-                                               u_out=u_out, op="embedding_bag" if bag else "embedding")
+                                               u_out=u_out, op="embedding_bag" if bag else "embedding",
+                                               exact_ratio=exact)
             guard.record(name, "embedding_bag" if bag else "embedding", rep)
 
     return hook
 
 
-def protect(model: nn.Module, *, lam: float | None = None, linear: bool = True, embeddings: bool = True) -> Guard:
+def protect(model: nn.Module, *, lam: float | None = None, linear: bool = True, embeddings: bool = True,
+            exact_ratios: bool = False) -> Guard:
     """Install checksum hooks on every Linear / Embedding / EmbeddingBag of ``model``.
 
+    ``exact_ratios`` evaluates every exact threshold, so that ``guard.max_ratio`` is exact rather
+    than an upper bound (same verdicts, slower; for calibration and reports).
     Returns a :class:`Guard` (a context manager that removes the hooks on exit).
     """
     guard = Guard()
     for name, mod in model.named_modules():
         if linear and isinstance(mod, nn.Linear):
-            guard.handles.append(mod.register_forward_hook(_linear_hook(guard, name, lam)))
+            guard.handles.append(mod.register_forward_hook(_linear_hook(guard, name, lam, exact_ratios)))
         elif embeddings and isinstance(mod, nn.EmbeddingBag):
-            guard.handles.append(mod.register_forward_hook(_embedding_hook(guard, name, lam, True)))
+            guard.handles.append(mod.register_forward_hook(_embedding_hook(guard, name, lam, True, exact_ratios)))
         elif embeddings and isinstance(mod, nn.Embedding):
-            guard.handles.append(mod.register_forward_hook(_embedding_hook(guard, name, lam, False)))
+            guard.handles.append(mod.register_forward_hook(_embedding_hook(guard, name, lam, False, exact_ratios)))
     return guard

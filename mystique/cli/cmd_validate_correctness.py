@@ -1,0 +1,45 @@
+"""`mystique validate correctness`: the same benchmark on the device and on a reference device."""
+
+from __future__ import annotations
+
+import click
+
+from . import options
+from .cmd_validate import run_validator, validate
+
+_GROUPS = ("operator_replay", "workload_output", "repeatability")
+
+
+@validate.command("correctness")
+@options.output_dir
+@options.device
+@options.inject
+@options.level
+@options.seed
+@click.option("--benchmark", "benchmark", default=None, metavar="BENCH_DIR",
+              type=click.Path(exists=True, file_okay=True, dir_okay=True),
+              help="Replay this benchmark (folder, benchmark.json, trace folder or ET file) instead of the "
+                   "built-in reference benchmarks.")
+@click.option("--reference-device", "reference_device", default="cpu", show_default=True, metavar="DEV",
+              help="Device the reference runs on (no --inject mode there).")
+@click.option("--group", "groups", multiple=True, type=click.Choice(_GROUPS), metavar="NAME",
+              help=f"Run only this check group (repeatable): {', '.join(_GROUPS)}.")
+@click.option("--workloads", default=None, metavar="LIST",
+              help="Comma-separated reference workloads (llama,dlrm,bert; default all).")
+@options.force
+def correctness_cmd(output, device, inject, level, seed, benchmark, reference_device, groups, workloads,
+                    force) -> int:
+    """Compare every operator of a benchmark on the device with a reference device; writes OUT_DIR/results.csv.
+
+    Each operator runs on the device and on the reference device with identical synthetic inputs
+    and is recomputed in fp64; the first operator whose error exceeds the dtype-aware bound is
+    named (index, name, shapes, errors). Also compares whole workload outputs and checks that two
+    runs on the device are bit-identical. Exit 1 on any divergence.
+    """
+    from ..validators import correctness
+
+    opts = {"level": level, "seed": seed, "groups": list(groups) or None, "benchmark": benchmark,
+            "reference_device": reference_device}
+    if workloads:
+        opts["workloads"] = workloads
+    return run_validator(correctness.run, output, force, device, inject, **opts)
