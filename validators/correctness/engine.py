@@ -73,8 +73,9 @@ def clone_group(values: Sequence[torch.Tensor], device: torch.device | Sequence[
     """Copies of ``values`` on ``device`` (one device, or one per value) that alias each other
     exactly as the originals do.
 
-    Each distinct storage is copied once, whole, and every tensor becomes a view of its copy
-    with the original sizes, strides and offset, so in-place and ``out=`` operators and
+    Each distinct storage is copied once, whole, and every tensor is set onto its copy with the
+    original sizes, strides and offset (sharing its memory, not an autograd view of it, like the
+    executor's materialised tensors), so in-place and ``out=`` operators and
     ``as_strided`` views see the same memory layout. ``upcast`` turns floating storages into
     float64; ``perturb`` (a generator) then multiplies every floating element by ``1 + u * r``,
     ``r`` uniform in [-1, 1], ``u`` the unit roundoff of the accumulation dtype of its original
@@ -106,8 +107,10 @@ def clone_group(values: Sequence[torch.Tensor], device: torch.device | Sequence[
                 base.mul_(1.0 + u * (2.0 * r - 1.0))
             if entry is None:
                 cache[key] = (base, t.dtype)
-        try:
-            out.append(base.as_strided(t.shape, t.stride(), t.storage_offset()))
+        try:  # a tensor on the copied storage (not an autograd view of it: in-place detach_ works)
+            v = torch.empty(0, dtype=base.dtype, device=base.device)
+            v.set_(base.untyped_storage(), t.storage_offset(), t.shape, t.stride())
+            out.append(v)
         except RuntimeError:
             out.append(t.detach().to(device=dev, dtype=new_dtype, copy=True))
     return out

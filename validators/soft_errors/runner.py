@@ -11,7 +11,10 @@ Groups (``groups(level)``):
                          significant flips (Wilson interval, trials), benign flips counted apart;
 * ``pvf``                Parameter Vulnerability Factor per parameter group of DLRM, BERT, Llama;
 * ``sdc_screen``         repeat-and-compare screening with fp64 goldens;
-* ``overhead``           checked / unchecked time - 1 for fp32 GEMM and EmbeddingBag (interleaved, medians).
+* ``overhead``           checked / unchecked time - 1 of the product's checked paths: fp32 GEMM, Linear and
+                         protected Linear (n >= 1024: target 5%), EmbeddingBag fp32 / 8-bit / protected
+                         (target 10%), with an A/A row giving the resolution (interleaved, medians; see
+                         :mod:`.overhead`).
 
 Every operator of the device under test runs inside ``target.active()``; goldens outside it.
 """
@@ -20,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import statistics
 import time
 from collections import defaultdict
 from collections.abc import Iterator
@@ -35,7 +37,7 @@ from mystique.errors import UsageError
 from mystique.progress import Progress
 from mystique.results import Results, RunContext
 
-from . import abft, campaign, pvf, sdc
+from . import abft, campaign, overhead, pvf, sdc
 from .inject import flip_module_output, flip_tensor
 from .protect import protect
 from .stats import wilson
@@ -43,13 +45,18 @@ from .stats import wilson
 GROUPS = ("abft_gemm", "abft_embedding_bag", "false_positives", "detection_campaign", "pvf", "sdc_screen",
           "overhead")
 DETECTION_TARGET = 0.999
-OVERHEAD_TARGETS = {"gemm": 0.05, "embedding_bag": 0.10}
+OVERHEAD_TARGETS = overhead.TARGETS
 
 LEVELS: dict[str, dict[str, Any]] = {
     "quick": {"trials": 900, "fp_trials": 2000, "pvf_trials": 24, "pvf_config": "debug", "sdc_runs": 4,
-              "overhead_sizes": (1024,), "overhead_reps": 15, "workloads": ("dlrm", "bert", "llama")},
+              "overhead_sizes": (1024,), "overhead_reps": 31, "overhead_threads": 1,
+              "overhead_tables": ((100_000, 64, 2048, 40), (100_000, 128, 2048, 40)),
+              "workloads": ("dlrm", "bert", "llama")},
     "full": {"trials": 30000, "fp_trials": 30000, "pvf_trials": 200, "pvf_config": "small", "sdc_runs": 20,
-             "overhead_sizes": (1024, 2048), "overhead_reps": 41, "workloads": ("dlrm", "bert", "llama")},
+             "overhead_sizes": (1024, 2048), "overhead_reps": 41, "overhead_threads": 1,
+             "overhead_tables": ((100_000, 16, 2048, 40), (100_000, 64, 2048, 40), (100_000, 128, 2048, 40),
+                                 (1_000_000, 64, 2048, 20), (100_000, 256, 512, 100)),
+             "workloads": ("dlrm", "bert", "llama")},
 }
 
 
@@ -232,6 +239,12 @@ def _group_false_positives(res: Results, target: Any, seed: int, opts: dict[str,
                higher_is_better=False,
                detail=f"{len(alarms)} alarms in {n} clean checked ops (campaign seed={seed}, {camp.resumed} resumed); "
                       f"largest clean |diff|/threshold {worst:.3g}{first}")
+    disagree = [o for o in outcomes if not o.get("paths_agree", True)]
+    res.add("false_positives", "checked_ops", "path_disagreements", len(disagree), threshold=0,
+            status="fail" if disagree else "pass",
+            detail="clean ops where the lower-bound fast path and the exact thresholds reached different verdicts"
+                   + (f"; first: {disagree[0]['op']} seed={disagree[0]['seed']} shape={disagree[0]['shape']}"
+                      if disagree else ""))
     for op, outs in sorted(by_op.items()):
         k = sum(o["alarm"] for o in outs)
         res.add("false_positives", op, "alarms", k, threshold=0, status="fail" if k else "pass",
@@ -249,7 +262,7 @@ def _group_false_positives(res: Results, target: Any, seed: int, opts: dict[str,
         for s in range(int(opts.get("workload_seeds", 3))):
             model = mod.build_model(cfg, device=torch.device(target.device), dtype=torch.float32, seed=seed + s).eval()
             batch = mod.make_batch(cfg, device=torch.device(target.device), seed=seed + s)
-            with torch.no_grad(), protect(model) as guard, target.active():
+            with torch.no_grad(), protect(model, exact_ratios=True) as guard, target.active():
                 mod.forward(model, batch)
             checks += guard.checks
             alarms_n += len(guard.alarms)
@@ -371,62 +384,55 @@ def _group_sdc(res: Results, target: Any, seed: int, opts: dict[str, Any]) -> No
                 status="fail" if r.golden_bad_runs else "pass", detail=r.describe())
 
 
-def _median_times(fns: dict[str, Any], reps: int, sync: Any) -> dict[str, float]:
-    times: dict[str, list[float]] = {k: [] for k in fns}
-    for f in fns.values():  # warm-up
-        f()
-    for _ in range(reps):
-        for k, f in fns.items():
-            sync()
-            t0 = time.perf_counter()
-            f()
-            sync()
-            times[k].append(time.perf_counter() - t0)
-    return {k: statistics.median(v) for k, v in times.items()}
-
-
 def _group_overhead(res: Results, target: Any, seed: int, opts: dict[str, Any]) -> None:
+    """``abft_overhead`` rows: checked / unchecked - 1 of the product's checked paths (see :mod:`.overhead`)."""
     dev = target.device
     reps = int(opts["overhead_reps"])
-    g = torch.Generator().manual_seed(seed)
-    for n in opts["overhead_sizes"]:
-        a = torch.randn(n, n, generator=g).to(dev)
-        b = torch.randn(n, n, generator=g).to(dev)
-        w = torch.randn(n, n, generator=g).to(dev)
-        with target.active():
-            t = _median_times({
-                "mm": lambda a=a, b=b: a @ b,
-                "checked_mm": lambda a=a, b=b: abft.checked_mm(a, b),
-                "checked_mm_row": lambda a=a, b=b: abft.checked_mm(a, b, checks="row"),
-                "linear": lambda a=a, w=w: F.linear(a, w),
-                "checked_linear": lambda a=a, w=w: abft.checked_linear(a, w)}, reps, target.synchronize)
-        for name, base, checked in (("gemm", "mm", "checked_mm"), ("gemm_row_check_only", "mm", "checked_mm_row"),
-                                    ("linear", "linear", "checked_linear")):
-            ov = t[checked] / t[base] - 1
-            thr = OVERHEAD_TARGETS["gemm"]
-            res.add("overhead", f"{name}_{n}", "abft_overhead", ov, threshold=thr, unit="ratio", dtype="float32",
-                    status="pass" if ov <= thr else "fail",
-                    detail=f"median of {reps} interleaved reps: unchecked {t[base] * 1e3:.3f} ms, checked "
-                           f"{t[checked] * 1e3:.3f} ms (timer resolution {time.get_clock_info('perf_counter').resolution:.0e} s)")
-    rows, d, bags, length = 100_000, 64, 2048, 40
-    wt = torch.randn(rows, d, generator=g).to(dev)
-    idx = torch.randint(0, rows, (bags * length,), generator=g).to(dev)
-    off = torch.arange(0, bags * length, length).to(dev)
-    aug = abft.augment_table(wt)
-    table = abft.QuantizedTable.from_float(wt)
-    with target.active():
-        t = _median_times({"eb": lambda: F.embedding_bag(idx, wt, off, mode="sum"),
-                           "checked_eb": lambda: abft.checked_embedding_bag(aug, idx, off, "sum"),
-                           "qeb": lambda: abft.quantized_embedding_bag(table, idx, off, "sum"),
-                           "checked_qeb": lambda: abft.checked_quantized_embedding_bag(table, idx, off, "sum")},
-                          reps, target.synchronize)
-    for name, base, checked, dt in (("embedding_bag", "eb", "checked_eb", "float32"),
-                                    ("embedding_bag_8bit", "qeb", "checked_qeb", "uint8")):
-        ov = t[checked] / t[base] - 1
-        thr = OVERHEAD_TARGETS["embedding_bag"]
-        res.add("overhead", f"{name}_{rows}x{d}_b{bags}_l{length}", "abft_overhead", ov, threshold=thr, unit="ratio",
-                dtype=dt, status="pass" if ov <= thr else "fail",
-                detail=f"median of {reps} interleaved reps: unchecked {t[base] * 1e3:.3f} ms, checked {t[checked] * 1e3:.3f} ms")
+    resolution = time.get_clock_info("thread_time").resolution
+    with overhead.cpu_threads(dev, int(opts["overhead_threads"])) as threads:
+        for n in opts["overhead_sizes"]:
+            load0 = overhead.load_average()
+            fns = overhead.gemm_functions(int(n), dev, seed)
+            with torch.no_grad(), target.active():
+                t = overhead.time_interleaved(fns, reps, device=dev, threads=threads, sync=target.synchronize)
+            load1 = overhead.load_average()
+            aa = t.overhead("mm_again", "mm")
+            common = (f"{t.clock}, {threads} thread(s), median of {reps} interleaved reps; A/A resolution "
+                      f"{aa:+.2%} (a @ b timed twice); load average {load0:.2f} -> {load1:.2f}; "
+                      f"clock resolution {resolution:.0e} s; float32 n={n} (M=K=N)")
+            res.add("overhead", f"timing_resolution_{n}", "aa_relative_difference", aa, unit="ratio",
+                    dtype="float32", status="pass", detail=common)
+            for name, checked, base, what in overhead.GEMM_COMPARISONS:
+                ov = t.overhead(checked, base)
+                thr = overhead.TARGETS["gemm"] if int(n) >= overhead.GEMM_TARGET_MIN_N else None
+                res.add("overhead", f"{name}_{n}", "abft_overhead", ov, threshold=thr, unit="ratio", dtype="float32",
+                        status="pass" if thr is None or ov <= thr else "fail",
+                        detail=f"{what}: unchecked {t.median[base] * 1e3:.3f} ms, checked {t.median[checked] * 1e3:.3f}"
+                               f" ms (wall {t.wall[base] * 1e3:.3f} / {t.wall[checked] * 1e3:.3f} ms); {common}"
+                               + ("" if thr is not None else f"; the target applies at n >= {overhead.GEMM_TARGET_MIN_N}"))
+            del fns
+        for rows, d, bags, length in opts["overhead_tables"]:
+            shape = f"{rows}x{d}_b{bags}_l{length}"
+            load0 = overhead.load_average()
+            ef = overhead.EmbeddingFunctions(int(rows), int(d), int(bags), int(length), dev, seed)
+            with torch.no_grad(), target.active():
+                t = overhead.time_interleaved(ef.functions(), reps, device=dev, threads=threads,
+                                              sync=target.synchronize, prepare=ef.prepare)
+            load1 = overhead.load_average()
+            aa = t.overhead("embedding_bag_again", "embedding_bag")
+            common = (f"{t.clock}, {threads} thread(s), median of {reps} interleaved reps, fresh random indices each "
+                      f"rep; A/A resolution {aa:+.2%} (two copies of the table); load average {load0:.2f} -> "
+                      f"{load1:.2f}; table {rows} x {d}, {bags} bags of {length}, sum pooling")
+            res.add("overhead", f"timing_resolution_{shape}", "aa_relative_difference", aa, unit="ratio",
+                    dtype="float32", status="pass", detail=common)
+            for name, checked, base, dt, what in overhead.EMBEDDING_COMPARISONS:
+                ov = t.overhead(checked, base)
+                thr = overhead.TARGETS["embedding_bag"]
+                res.add("overhead", f"{name}_{shape}", "abft_overhead", ov, threshold=thr, unit="ratio", dtype=dt,
+                        status="pass" if ov <= thr else "fail",
+                        detail=f"{what}: unchecked {t.median[base] * 1e3:.3f} ms, checked {t.median[checked] * 1e3:.3f}"
+                               f" ms (wall {t.wall[base] * 1e3:.3f} / {t.wall[checked] * 1e3:.3f} ms); {common}")
+            del ef
 
 
 # groups of many tiny operators: single-threaded on the CPU, where thread wake-ups would dominate
@@ -452,7 +458,8 @@ def run(target: Any, *, level: str = "quick", seed: int = 0, groups: list[str] |
 
     ``options`` override the level's sizes: ``trials`` (detection campaign), ``fp_trials`` (clean
     checked ops), ``pvf_trials`` (per parameter group), ``pvf_config``, ``workloads``, ``sdc_runs``,
-    ``overhead_sizes``, ``overhead_reps``, ``ops`` (detection ops), ``checkpoint`` (folder of the campaign
+    ``overhead_sizes``, ``overhead_reps``, ``overhead_threads`` (CPU intra-op threads of the timing, 0 for
+    torch's setting), ``overhead_tables`` ((rows, dim, bags, bag length) per EmbeddingBag shape), ``ops`` (detection ops), ``checkpoint`` (folder of the campaign
     checkpoints; default ``out_dir``). Campaign checkpoints are JSONL files in that folder.
     """
     if level not in LEVELS:
