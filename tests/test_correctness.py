@@ -247,3 +247,32 @@ def test_cli_exit_codes_and_outputs(mlp_bench, tmp_path, cli_run):
     assert code == 2 and "unknown device" in stderr and not (tmp_path / "x").exists()
     code, _, _ = cli_run("validate", "correctness", "-o", str(tmp_path / "y"), "--workloads", "gpt")
     assert code == 2
+
+
+class _GeluRaises(TorchDispatchMode):
+    """A backend without a GELU kernel (NotImplementedError) or with a broken one (RuntimeError)."""
+
+    error: type[Exception] = NotImplementedError
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.overloadpacket.__name__ == "gelu":
+            raise self.error("gelu is not available on this backend")
+        return func(*args, **(kwargs or {}))
+
+
+class _GeluBroken(_GeluRaises):
+    error = RuntimeError
+
+
+def test_missing_kernels_are_skipped_and_raising_kernels_fail(mlp_bench):
+    plan = benchmarks.load(mlp_bench).plan
+    gelu = _first_index(plan, ("aten::gelu",))
+    df = correctness.run(Target("cpu", _GeluRaises, "no_gelu"), benchmark=mlp_bench, groups=["operator_replay"])
+    assert _bad(df).empty
+    skipped = df[(df["check"] == "op_skipped") & (df["subject"] == "aten::gelu")]
+    assert len(skipped) == 1 and "no kernel for cpu" in skipped.iloc[0]["detail"]
+    df = correctness.run(Target("cpu", _GeluBroken, "bad_gelu"), benchmark=mlp_bench, groups=["operator_replay"])
+    errors = _rows(df, "target_op_errors").loc["mlp_bench"]
+    assert errors["status"] == "fail" and errors["value"] == 1
+    assert f"op {gelu} aten::gelu" in errors["detail"] and "RuntimeError" in errors["detail"]
+    assert _rows(df, "first_divergent_op").loc["mlp_bench", "status"] == "pass"  # nothing computed wrong

@@ -21,6 +21,15 @@ FLOATS = [torch.float32, torch.bfloat16, torch.float16]
 ALL = [*FLOATS, torch.int8, torch.int32]
 
 
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """Tiny operators, as the validator runs them: thread wake-ups would dominate on a busy host."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
+
 # ----------------------------------------------------------------------------- bits
 
 @settings(max_examples=60, deadline=None)
@@ -200,6 +209,70 @@ def test_checked_embedding_bag_is_right_quiet_when_clean_and_detects_a_table_fli
         bits.flip_bits_(bad, row * bad.shape[1] + 2, [29])
         _, rep = abft.checked_embedding_bag(bad, idx, off, mode)
     assert rep.alarm and 1 in rep.rows
+
+
+@settings(max_examples=80, deadline=None)
+@given(m=st.integers(1, 90), k=st.integers(1, 200), n=st.integers(1, 90), dist=st.sampled_from(campaign.DISTRIBUTIONS),
+       flips=st.integers(0, 2), bit=st.integers(0, 31), seed=st.integers(0, 2**31))
+def test_lower_bound_fast_path_reaches_the_verdict_of_the_exact_thresholds(m, k, n, dist, flips, bit, seed):
+    g = torch.Generator().manual_seed(seed)
+    a, b = campaign.random_matrix((m, k), dist, g), campaign.random_matrix((k, n), dist, g)
+    enc = abft.encode_gemm(a, b)
+    acc = a @ b
+    rng = random.Random(seed)
+    for _ in range(flips):
+        bits.flip_bits_(acc, rng.randrange(m * n), [bit])
+    fast = abft.verify_gemm(enc, acc, dtype=torch.float32)
+    exact = abft.verify_gemm(enc, acc, dtype=torch.float32, exact_ratio=True)
+    assert (fast.alarm, fast.rows, fast.cols) == (exact.alarm, exact.rows, exact.cols)
+    if not exact.alarm:  # the fast ratio is an upper bound of the exact one
+        assert fast.max_ratio >= exact.max_ratio * (1 - 1e-6) or fast.max_ratio == exact.max_ratio
+
+
+def test_weighted_row_check_catches_an_operand_flip_the_plain_row_sum_cannot_see():
+    g = torch.Generator().manual_seed(7)
+    a = torch.randn(24, 32, generator=g)
+    b = torch.randn(32, 40, generator=g)
+    b -= b.mean(1, keepdim=True)  # rows of B sum to zero (LayerNorm-like): B e = 0, the plain row sum is blind
+    enc = abft.encode_gemm(a, b)
+    a_used = a.clone()
+    bits.flip_bits_(a_used, 5 * 32 + 3, [30])  # a flip in the GEMM's copy of A, after encoding
+    rep = abft.verify_gemm(enc, a_used @ b, dtype=torch.float32)
+    assert rep.alarm and 5 in rep.rows
+    plain = (a_used @ b).sum(1) - a @ b.sum(1)
+    assert float(plain.abs().max()) < 1e-3 * float((a_used @ b - a @ b).abs().max())
+
+
+def test_checked_linear_encodes_a_weight_once_and_again_after_an_update():
+    g = torch.Generator().manual_seed(5)
+    x, w, bias = torch.randn(16, 24, generator=g), torch.randn(8, 24, generator=g), torch.randn(8, generator=g)
+    _, rep = abft.checked_linear(x, w, bias)
+    enc = abft._LINEARS.get(w, bias)
+    assert not rep.alarm and abft._LINEARS.get(w, bias) is enc
+    with torch.no_grad():
+        w.mul_(3.0)  # an optimizer step: the version changes, a stale encoding would raise alarms
+    y, rep = abft.checked_linear(x, w, bias)
+    assert not rep.alarm and abft._LINEARS.get(w, bias) is not enc
+    assert torch.allclose(y, F.linear(x, w, bias), atol=1e-5)
+    with pytest.raises(UsageError):
+        abft.encode_linear(w, torch.zeros(3))
+
+
+@settings(max_examples=60, deadline=None)
+@given(rows=st.integers(1, 120), d=st.sampled_from([1, 4, 16, 33]), lengths=st.lists(st.integers(0, 30), min_size=1,
+       max_size=10), mode=st.sampled_from(["sum", "mean"]), flip=st.booleans(), bit=st.integers(0, 31),
+       seed=st.integers(0, 2**31))
+def test_embedding_bag_fast_path_reaches_the_exact_verdict(rows, d, lengths, mode, flip, bit, seed):
+    g = torch.Generator().manual_seed(seed)
+    aug = abft.augment_table(torch.randn(rows, d, generator=g) * 10 ** (torch.rand(rows, 1, generator=g) * 4 - 2))
+    idx = torch.randint(0, rows, (sum(lengths),), generator=g)
+    off = torch.tensor([0, *torch.tensor(lengths).cumsum(0)[:-1].tolist()])
+    table = aug.clone()
+    if flip and idx.numel():
+        bits.flip_bits_(table, int(idx[0]) * (d + 2), [bit])
+    fast = abft.checked_embedding_bag(table, idx, off, mode)[1]
+    exact = abft.checked_embedding_bag(table, idx, off, mode, exact_ratio=True)[1]
+    assert (fast.alarm, fast.rows) == (exact.alarm, exact.rows)
 
 
 def test_protect_checks_every_layer_and_flags_a_corrupted_linear_output():

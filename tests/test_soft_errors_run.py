@@ -117,3 +117,36 @@ def test_thirty_thousand_clean_checked_ops_raise_no_alarm(tmp_path):
     fp = df[(df.subject == "checked_ops")].set_index("metric").value
     assert fp["trials"] == 30000 and fp["false_positive_rate"] == 0 and fp["false_positive_rate_ci_high"] < 1.3e-4
     assert not df.status.isin(["fail", "error"]).any()
+
+
+def test_time_interleaved_rotates_the_order_and_prepares_each_round():
+    from mystique.validators.soft_errors import overhead
+
+    calls: list[str] = []
+    prepared: list[int] = []
+    fns = {k: (lambda k=k: calls.append(k)) for k in ("a", "b", "c")}
+    t = overhead.time_interleaved(fns, 4, device="cpu", threads=1, sync=lambda: None, prepare=prepared.append)
+    assert prepared == [-1, 0, 1, 2, 3]
+    assert calls[:6] == ["a", "a", "b", "b", "c", "c"]  # warm-up
+    rounds = [calls[6 + 3 * r: 9 + 3 * r] for r in range(4)]
+    assert rounds == [["a", "b", "c"], ["b", "c", "a"], ["c", "a", "b"], ["a", "b", "c"]]
+    assert t.reps == 4 and set(t.median) == {"a", "b", "c"} and t.clock == "thread CPU time"
+
+
+def test_overhead_group_times_the_product_paths_with_an_aa_control():
+    df = soft_errors.run(Target("cpu"), groups=["overhead"], overhead_sizes=(48, 1024), overhead_reps=1,
+                         overhead_tables=((500, 16, 8, 4),))
+    assert not df.status.isin(["error", "skip"]).any(), df[["subject", "detail"]]
+    ov = df[df.metric == "abft_overhead"].set_index("subject")
+    shape = "500x16_b8_l4"
+    assert set(ov.index) == {"gemm_48", "linear_48", "protect_linear_48", "gemm_1024", "linear_1024",
+                             "protect_linear_1024", f"embedding_bag_{shape}", f"embedding_bag_8bit_{shape}",
+                             f"protect_embedding_bag_{shape}"}
+    assert ov.threshold.isna()[["gemm_48", "linear_48"]].all() and (ov.status[["gemm_48", "linear_48"]] == "pass").all()
+    assert (ov.threshold[["gemm_1024", "linear_1024", "protect_linear_1024"]] == 0.05).all()
+    assert (ov.threshold[[f"embedding_bag_{shape}", f"protect_embedding_bag_{shape}"]] == 0.10).all()
+    aa = df[df.metric == "aa_relative_difference"].subject
+    assert set(aa) == {"timing_resolution_48", "timing_resolution_1024", f"timing_resolution_{shape}"}
+    detail = ov.detail["gemm_1024"]
+    assert "thread CPU time, 1 thread(s)" in detail and "load average" in detail and "A/A resolution" in detail
+    assert "median of 2 interleaved reps" in ov.detail[f"embedding_bag_{shape}"]  # tables: twice the rounds

@@ -350,14 +350,16 @@ _TILE = 1 << 22  # elements generated at random per storage; larger storages rep
 def fill_storage(buf: torch.Tensor, recipe: dict[str, Any]) -> None:
     """Fill the flat tensor ``buf`` in place according to a data recipe.
 
-    Recipes: ``randn`` (floats with standard deviation ``std``, default 1; 0/1 for integers), ``randint`` (``low`` <= v < ``high``),
+    Recipes: ``randn`` (floats with standard deviation ``std``, default 1; 0/1 for integers), ``randint`` (``low`` <= v < ``high``;
+    optional ``segments`` ``[start, count, stride, low, high]`` give views of the storage ranges of their own),
     ``uniform_pos`` (floats in [0.1, 1)), ``bernoulli`` (0/1, False/True), ``offsets``
-    (non-decreasing, first 0, all <= ``total``), ``zeros``, ``ones``.
+    (per segment ``[start, count, stride, total, include_last]``: non-decreasing, first 0, all <=
+    ``total``), ``zeros``, ``ones``.
     """
     n = buf.numel()
     if n == 0 or buf.device.type == "meta":
         return
-    if n > _TILE and recipe.get("kind") != "offsets":
+    if n > _TILE and recipe.get("kind") != "offsets" and not recipe.get("segments"):
         # large storages: random data for one block, repeated (generation is far slower than copying)
         fill_storage(buf[:_TILE], recipe)
         done = _TILE
@@ -386,13 +388,28 @@ def fill_storage(buf: torch.Tensor, recipe: dict[str, Any]) -> None:
                     low, high = max(low, info.min), min(high, info.max + 1) if high <= info.max else info.max
                     high = max(high, low + 1)
                 buf.copy_(torch.randint(low, high, (n,), device=buf.device, dtype=torch.int64).to(dt))
+            for start, count, stride, s_low, s_high in recipe.get("segments") or []:
+                count = min(int(count), max((n - 1 - int(start)) // max(int(stride), 1) + 1, 0))
+                if count > 0:
+                    pos = int(start) + torch.arange(count, device=buf.device) * int(stride)
+                    vals = torch.randint(int(s_low), max(int(s_high), int(s_low) + 1), (count,), device=buf.device)
+                    buf[pos] = vals.to(dt)
         elif kind == "offsets":
-            total = max(int(recipe.get("total", 0)), 0)
-            vals = torch.randint(0, total + 1, (n,), device=buf.device, dtype=torch.int64).sort().values
-            vals[0] = 0
-            if recipe.get("include_last") and n > 1:
-                vals[-1] = total
-            buf.copy_(vals.to(dt))
+            # non-decreasing bag starts beginning at 0, one run per offsets view (segment)
+            segments = recipe.get("segments") or [
+                [0, n, 1, int(recipe.get("total", 0)), bool(recipe.get("include_last"))]]
+            buf.zero_()
+            for start, count, stride, total, include_last in segments:
+                count = min(int(count), max((n - 1 - int(start)) // max(int(stride), 1) + 1, 0))
+                if count <= 0:
+                    continue
+                total = max(int(total), 0)
+                vals = torch.randint(0, total + 1, (count,), device=buf.device, dtype=torch.int64).sort().values
+                vals[0] = 0
+                if include_last and count > 1:
+                    vals[-1] = total
+                pos = int(start) + torch.arange(count, device=buf.device) * int(stride)
+                buf[pos] = vals.to(dt)
         elif dt == torch.bool or kind == "bernoulli":
             buf.copy_(torch.rand(n, device=buf.device) < 0.5)
         elif kind == "uniform_pos":

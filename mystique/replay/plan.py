@@ -40,6 +40,9 @@ _UNIFORM_POS_OPS = frozenset({
     "aten::rsqrt_", "aten::reciprocal", "aten::_foreach_sqrt", "aten::_foreach_sqrt_", "aten::_foreach_log",
     "aten::_foreach_log_", "aten::_foreach_rsqrt", "aten::lgamma", "aten::digamma",
 })
+_PROBABILITY_OPS = frozenset({
+    "aten::binary_cross_entropy", "aten::binary_cross_entropy_backward",
+})
 _POW_OPS = frozenset({"aten::pow", "aten::pow_", "aten::_foreach_pow", "aten::_foreach_pow_"})
 _EMBEDDING_BAG_OPS = frozenset({
     "aten::embedding_bag", "aten::_embedding_bag", "aten::_embedding_bag_forward_only",
@@ -207,6 +210,8 @@ class _Builder:
         self.cur_tensor: dict[tuple, int] = {}
         self.cur_storage: dict[int, int] = {}
         self.ranges: dict[int, list[tuple[int, int]]] = {}  # plan storage -> [(low, high)]
+        # plan storage -> {(offset, numel, stride): [(low, high)]}: ranges of each view of a storage
+        self.view_ranges: dict[int, dict[tuple[int, int, int], list[tuple[int, int]]]] = {}
         self.trace_ranges: dict[int, tuple[int, int]] = {}
         self.devices: Counter[str] = Counter()
 
@@ -396,7 +401,18 @@ class _Builder:
     def constrain(self, tid: int | None, low: int, high: int) -> None:
         if tid is None:
             return
-        self.ranges.setdefault(self.tensors[tid]["storage"], []).append((int(low), int(high)))
+        t = self.tensors[tid]
+        self.ranges.setdefault(t["storage"], []).append((int(low), int(high)))
+        self._view_range(tid, int(low), int(high))
+
+    def _view_range(self, tid: int, low: int, high: int, first: bool = False) -> None:
+        t = self.tensors[tid]
+        strides = t.get("strides") or [1]
+        if len(t["shape"]) > 1 and list(strides) != ex.contiguous_strides(t["shape"]):
+            return  # only 1-D or contiguous views are tracked as segments
+        key = (int(t["offset"]), int(math.prod(t["shape"])), int(strides[-1] or 1) if t["shape"] else 1)
+        lst = self.view_ranges.setdefault(t["storage"], {}).setdefault(key, [])
+        lst.insert(0, (low, high)) if first else lst.append((low, high))
 
     def recipes(self, ops: list[dict[str, Any]]) -> None:
         kinds: dict[int, dict[str, Any]] = {}
@@ -424,10 +440,16 @@ class _Builder:
                     self.constrain(ind, 0, w[0])
                 off = tid(named.get("offsets"))
                 if off is not None and ind is not None:
+                    # one segment per offsets view: several tables' offsets often share one storage
+                    # (a (T, B) tensor selected row by row), and each row must start at 0 for its table
                     total = math.prod(self.tensors[ind]["shape"])
-                    kinds[self.tensors[off]["storage"]] = {
-                        "kind": "offsets", "total": int(total),
-                        "include_last": bool(named.get("include_last_offset") or False)}
+                    t_off = self.tensors[off]
+                    strides = t_off.get("strides") or [1]
+                    segment = [int(t_off["offset"]), int(math.prod(t_off["shape"])), int(strides[-1] or 1),
+                               int(total), bool(named.get("include_last_offset") or False)]
+                    rec = kinds.setdefault(t_off["storage"], {"kind": "offsets", "segments": []})
+                    if rec.get("kind") == "offsets" and segment not in rec["segments"]:
+                        rec["segments"].append(segment)
             elif name in _DIM_INDEX_OPS:
                 s = shape(named.get("self"))
                 dim = named.get("dim")
@@ -452,6 +474,11 @@ class _Builder:
                 nc = named.get("num_classes")
                 if isinstance(nc, int) and nc > 0:
                     self.constrain(tid(named.get("self")), 0, nc)
+            elif name in _PROBABILITY_OPS:
+                # binary cross-entropy: predictions and targets are probabilities in [0, 1]
+                for arg in ("self", "target"):
+                    for e in _tensor_encs(named.get(arg)):
+                        kinds.setdefault(self.tensors[e]["storage"], {"kind": "uniform_pos"})
             elif name in _UNIFORM_POS_OPS:
                 for e in _tensor_encs(named.get("self")):
                     kinds.setdefault(self.tensors[e]["storage"], {"kind": "uniform_pos"})
@@ -468,6 +495,7 @@ class _Builder:
             first_shape.setdefault(t["storage"], t["shape"])
         for tid_, (lo, hi) in self.trace_ranges.items():
             self.ranges.setdefault(self.tensors[tid_]["storage"], []).insert(0, (lo, hi))
+            self._view_range(tid_, lo, hi, first=True)
         for st in self.storages:
             sid = st["id"]
             if st["dtype"] == "bool":
@@ -483,6 +511,17 @@ class _Builder:
                 if hi <= lo:  # disagreeing constraints: the consumers' (last ones) win
                     lo, hi = rs[-1]
                 st["recipe"] = {"kind": "randint", "low": int(lo), "high": int(max(hi, lo + 1))}
+                views = self.view_ranges.get(sid, {})
+                if len(views) > 1:
+                    # views of one storage with ranges of their own (e.g. one row of indices per
+                    # embedding table): each view keeps its own range instead of the intersection
+                    segments = []
+                    for (off, cnt, stride), vr in sorted(views.items(), key=lambda kv: (-kv[0][1], kv[0][0])):
+                        vlo, vhi = max(r[0] for r in vr), min(r[1] for r in vr)
+                        if vhi <= vlo:
+                            vlo, vhi = vr[-1]
+                        segments.append([off, cnt, stride, int(vlo), int(max(vhi, vlo + 1))])
+                    st["recipe"]["segments"] = segments
             elif st["dtype"] in _FLOAT_DTYPES or st["dtype"].startswith(("complex", "float8")):
                 st["recipe"] = {"kind": "randn"}
                 shape = first_shape.get(sid)

@@ -501,7 +501,7 @@ def lockstep(plan: dict[str, Any], target: Any, reference_device: str, seed: int
         if category is None:
             fn_t = resolve(spec.qualified, tgt_dev)
             if fn_t is None:
-                t_error = f"operator {spec.qualified} not available for {tgt_dev}"
+                category = f"no kernel for {tgt_dev.type}"
             else:
                 devs = [tgt_dev if ref_in[i].device.type == ref_dev.type else ref_in[i].device for i in ids]
                 copies = dict(zip(ids, clone_group([snapshot[i] for i in ids], devs)))
@@ -509,6 +509,8 @@ def lockstep(plan: dict[str, Any], target: Any, reference_device: str, seed: int
                 try:
                     t_res = call_target(target, fn_t, t_args, t_kwargs)
                     t_obs = [_cpu(v) for v in observe(t_res, t_args, t_kwargs, spec)]
+                except NotImplementedError:  # no kernel for this device (e.g. a CPU-only op of a CPU capture)
+                    category = f"no kernel for {tgt_dev.type}"
                 except Exception as exc:  # noqa: BLE001 - an op the target cannot run is reported
                     msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
                     t_error = f"raised on the target: {type(exc).__name__}: {msg[:200]}"

@@ -260,8 +260,7 @@ def judge(target: Any, reference: Any, exact: Any = None, *, k: int = 1, sensiti
     if bitwise_equal(target, reference):
         return Verdict("pass", "bitwise", 0.0, 0.0, 0.0, 0.0, note)
     if not (isinstance(target, torch.Tensor) and isinstance(reference, torch.Tensor)):
-        if isinstance(target, (int, float)) and isinstance(reference, (int, float)) \
-                and isinstance(target, float) and isinstance(reference, float):
+        if isinstance(target, float) and isinstance(reference, float):  # e.g. item() of a float tensor
             return judge(torch.tensor(target, dtype=torch.float64), torch.tensor(reference, dtype=torch.float64),
                          None if exact is None else torch.tensor(float(exact), dtype=torch.float64),
                          k=k, sensitivity=sensitivity, note=note)

@@ -288,8 +288,7 @@ def embedding_trial(op: str, site: str, bit_class: str, pattern: str, seed: int,
                 rec = flip_tensor(view, seed=seed, site=site, name=op, bit_class=bit_class, pattern=pattern, k=k_bits)
                 bits, index, orig, new = rec.bits, rec.index, rec.original, rec.corrupted
             out = res[:, :d]
-            lens = abft._bag_lengths(idx, offsets, res.shape[0])
-            rep = abft._verify_bags(out.sum(1), res[:, d], res[:, d + 1], lens, d, 4.0, None, op, "float32", ())
+            rep = abft.verify_augmented_bags(res, lambda: abft._bag_lengths(idx, offsets, res.shape[0]), op=op)
     delta = _delta(clean, out)
     tol = SIGNIFICANCE * _rms(clean)
     return {"op": op, "site": site, "bit_class": bit_class, "pattern": pattern, "seed": seed,

@@ -188,6 +188,7 @@ class EmbeddingFunctions:
             self.guarded.weight.copy_(source)
         self.guard = protect(self.guarded)
         self.qt = abft.QuantizedTable.from_float(source.to(device))
+        self.qt_checked = abft.QuantizedTable.from_float(source.to(device))
         self.device = device
         self.offsets = torch.arange(0, self.n, length, device=device)
         self.idx = torch.zeros(self.n, dtype=torch.int64, device=device)
@@ -217,7 +218,7 @@ class EmbeddingFunctions:
             "protected_embedding_bag_module": protected,
             "embedding_bag_8bit": lambda: abft.quantized_embedding_bag(self.qt, self.idx, self.offsets),
             "checked_embedding_bag_8bit": lambda: self._ok(
-                abft.checked_quantized_embedding_bag(self.qt, self.idx, self.offsets)),
+                abft.checked_quantized_embedding_bag(self.qt_checked, self.idx, self.offsets)),
         }
 
 

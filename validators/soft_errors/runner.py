@@ -415,12 +415,12 @@ def _group_overhead(res: Results, target: Any, seed: int, opts: dict[str, Any]) 
             shape = f"{rows}x{d}_b{bags}_l{length}"
             load0 = overhead.load_average()
             ef = overhead.EmbeddingFunctions(int(rows), int(d), int(bags), int(length), dev, seed)
-            with torch.no_grad(), target.active():
-                t = overhead.time_interleaved(ef.functions(), reps, device=dev, threads=threads,
+            with torch.no_grad(), target.active():  # a gather is short and noisy: twice the rounds
+                t = overhead.time_interleaved(ef.functions(), 2 * reps, device=dev, threads=threads,
                                               sync=target.synchronize, prepare=ef.prepare)
             load1 = overhead.load_average()
             aa = t.overhead("embedding_bag_again", "embedding_bag")
-            common = (f"{t.clock}, {threads} thread(s), median of {reps} interleaved reps, fresh random indices each "
+            common = (f"{t.clock}, {threads} thread(s), median of {t.reps} interleaved reps, fresh random indices each "
                       f"rep; A/A resolution {aa:+.2%} (two copies of the table); load average {load0:.2f} -> "
                       f"{load1:.2f}; table {rows} x {d}, {bags} bags of {length}, sum pooling")
             res.add("overhead", f"timing_resolution_{shape}", "aa_relative_difference", aa, unit="ratio",
