@@ -238,7 +238,8 @@ def test_cli_exit_codes_and_outputs(mlp_bench, tmp_path, cli_run):
     assert first["status"] == "fail" and int(first["value"]) == _first_index(plan, ("aten::gelu",))
     assert (out / "correctness_ops" / "mlp_bench.csv").is_file()
     code, _, _ = cli_run("validate", "correctness", "-o", str(tmp_path / "good"), "--benchmark", str(mlp_bench),
-                         "--group", "operator_replay", "--group", "repeatability", "--workloads", "dlrm")
+                         "--group", "operator_replay", "--group", "repeatability", "--workloads", "dlrm",
+                         "--threads", "0")
     assert code == 0
     good = pd.read_csv(tmp_path / "good" / "results.csv")
     empty = good[(good["check"] == "op_skipped") & (good["subject"] == "aten::empty")]

@@ -260,3 +260,62 @@ def test_single_tensor_adamw_replay_keeps_parameters_finite(tmp_path):
     floats = [t for t in e._external.values() if t.is_floating_point()]
     assert floats and all(bool(torch.isfinite(t).all()) for t in floats)
     assert e.counts()["skipped"] == {}
+
+
+def test_wrapped_python_number_reusing_a_freed_storage_id_gets_a_storage_of_its_own():
+    """The observer reuses a freed tensor's storage id for the next allocation at that address: a
+    Python number the optimizer wraps into a 0-dim double (or long) tensor can name the storage of
+    the float32 loss that backward freed. The plan must not read the number's bits out of the loss
+    (nor out of an int64 step count): each clashing scalar is an external storage of its own dtype,
+    with a positive stand-in value, and the replayed update stays finite."""
+    from mystique.trace.model import Arg, Trace, TensorRef
+
+    def tref(tid, sid, shape, dtype, itemsize=4):
+        return TensorRef(tid, sid, 0, max(1, int(torch.tensor(shape).prod()) if shape else 1), itemsize, "cpu",
+                         tuple(shape), None, dtype)
+
+    def arg(t):
+        return Arg("Tensor", t, f"Tensor({t.dtype})")
+
+    x, w = tref(1, 100, [4], "float32"), tref(2, 101, [4], "float32")
+    loss = tref(3, 52, [], "float32")
+    step_inc = tref(4, 52, [], "int64", 8)  # `step += 1`: a wrapped long where the loss lived
+    beta = tref(5, 52, [], "float64", 8)  # `exp_avg_sq.mul_(beta2)`: a wrapped double, same address
+    steps = tref(6, 102, [], "float32")
+    schema = {
+        "sum": "aten::sum(Tensor self, *, ScalarType? dtype=None) -> Tensor",
+        "add_": "aten::add_.Tensor(Tensor(a!) self, Tensor other, *, Scalar alpha=1) -> Tensor(a!)",
+        "mul_": "aten::mul_.Tensor(Tensor(a!) self, Tensor other) -> Tensor(a!)",
+        "sqrt": "aten::sqrt(Tensor self) -> Tensor",
+    }
+    nodes = [
+        Node(id=1, name="aten::sum", parent=None, inputs=[arg(x)], outputs=[arg(loss)], op_schema=schema["sum"]),
+        Node(id=2, name="aten::add_", parent=None, inputs=[arg(steps), arg(step_inc), Arg("Int", 1, "Int")],
+             outputs=[arg(steps)], op_schema=schema["add_"]),
+        Node(id=3, name="aten::mul_", parent=None, inputs=[arg(w), arg(beta)], outputs=[arg(w)],
+             op_schema=schema["mul_"]),
+        Node(id=4, name="aten::sqrt", parent=None, inputs=[arg(w)], outputs=[arg(tref(7, 103, [4], "float32"))],
+             op_schema=schema["sqrt"]),
+        Node(id=5, name="aten::add_", parent=None, inputs=[arg(w), arg(loss), Arg("Int", 1, "Int")],
+             outputs=[arg(w)], op_schema=schema["add_"]),
+    ]
+    tr = Trace(schema="1.1.1-chakra.0.0.4", nodes={n.id: n for n in nodes}, root_id=1)
+    plan = build_plan(tr, nodes=nodes)
+    tensors, storages = plan.tensors, plan.storages
+    loss_t = plan.ops[0]["outputs"][0]["t"]
+    inc_t, beta_t = plan.ops[1]["args"][1]["t"], plan.ops[2]["args"][1]["t"]
+    sids = {tensors[t]["storage"] for t in (loss_t, inc_t, beta_t)}
+    assert len(sids) == 3  # the loss, the long and the double: three storages
+    for t, dt in ((inc_t, "int64"), (beta_t, "float64")):
+        st = storages[tensors[t]["storage"]]
+        assert st["external"] and st["dtype"] == dt and tensors[t]["source"] == "external"
+    assert storages[tensors[beta_t]["storage"]]["recipe"]["kind"] == "uniform_pos"
+    # the loss itself, still alive and of its own dtype, is read back from the op that made it
+    assert plan.ops[4]["args"][1]["t"] == loss_t
+    e = ex.Executor(plan.data, "cpu")
+    e.probe()
+    for _ in range(5):
+        e.run_iteration()
+    assert e.counts()["fallbacks"] == 0
+    assert all(bool(torch.isfinite(t).all()) for t in e._external.values() if t.is_floating_point())
+    assert float(e._external[beta_t]) > 0

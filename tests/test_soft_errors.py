@@ -256,6 +256,9 @@ def test_checked_linear_encodes_a_weight_once_and_again_after_an_update():
     assert torch.allclose(y, F.linear(x, w, bias), atol=1e-5)
     with pytest.raises(UsageError):
         abft.encode_linear(w, torch.zeros(3))
+    key = id(w)
+    del w
+    assert key not in abft._LINEARS.entries  # the cached encoding does not keep a dead weight's memory
 
 
 @settings(max_examples=60, deadline=None)

@@ -26,8 +26,11 @@ _GROUPS = ("operator_replay", "workload_output", "repeatability")
               help=f"Run only this check group (repeatable): {', '.join(_GROUPS)}.")
 @click.option("--workloads", default=None, metavar="LIST",
               help="Comma-separated reference workloads (llama,dlrm,bert; default all).")
+@click.option("--threads", type=click.IntRange(0), default=1, show_default=True,
+              help="CPU threads while validating (0 keeps torch's setting, e.g. to qualify multi-threaded CPU "
+                   "kernels).")
 @options.force
-def correctness_cmd(output, device, inject, level, seed, benchmark, reference_device, groups, workloads,
+def correctness_cmd(output, device, inject, level, seed, benchmark, reference_device, groups, workloads, threads,
                     force) -> int:
     """Compare every operator of a benchmark on the device with a reference device; writes OUT_DIR/results.csv.
 
@@ -39,7 +42,7 @@ def correctness_cmd(output, device, inject, level, seed, benchmark, reference_de
     from ..validators import correctness
 
     opts = {"level": level, "seed": seed, "groups": list(groups) or None, "benchmark": benchmark,
-            "reference_device": reference_device}
+            "reference_device": reference_device, "threads": threads or None}
     if workloads:
         opts["workloads"] = workloads
     return run_validator(correctness.run, output, force, device, inject, **opts)

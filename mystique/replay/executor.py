@@ -61,6 +61,9 @@ CUSTOM_OP_MODULES: dict[str, tuple[str, ...]] = {
 
 COLLECTIVE_PREFIXES: tuple[str, ...] = ("c10d::", "c10d_functional::", "_c10d_functional::", "nccl:", "gloo:")
 COLLECTIVE_NAMES: frozenset[str] = frozenset({"record_param_comms"})
+# Scale-out hook: ``handler(op, executor) -> callable | None``. None (single process): collectives
+# are skipped. A multi-rank replay (mystique.distributed) sets it in each rank's process.
+COLLECTIVE_HANDLER: Callable[[dict[str, Any], Any], Callable[..., Any] | None] | None = None
 NOOP_NAMES: frozenset[str] = frozenset({
     "aten::record_stream",
     "profiler::_record_function_enter",
@@ -890,6 +893,12 @@ class Executor:
                     ns = op["op"].split("::", 1)[0]
                     action = "skip"
                     reason = "custom op unavailable" if ns not in ("aten", "prims") else "operator not in this torch"
+            # -- scale-out hook (mystique.replay.collectives): a multi-rank replay installs a handler
+            if action == "skip" and reason == "collective" and COLLECTIVE_HANDLER is not None:
+                fn = COLLECTIVE_HANDLER(op, self)
+                if fn is not None:
+                    action, reason = "call", ""
+            # -- end of scale-out hook
             args = decode_value(op.get("args", []), self.map_device)
             kwargs = {k: decode_value(v, self.map_device) for k, v in op.get("kwargs", {}).items()}
             if self.device.type != "cuda" and "pin_memory" in kwargs:

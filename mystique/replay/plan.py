@@ -196,6 +196,15 @@ def _tensor_key(t: TensorRef) -> tuple:
             tuple(t.strides) if t.strides is not None else None, t.dtype)
 
 
+def _wrapped_scalar_clash(t: TensorRef, storage: dict[str, Any]) -> bool:
+    """Whether ``t``, an input naming a storage the plan already knows, is a 0-dim tensor of another dtype.
+
+    Such a tensor cannot share that storage: it is a Python number wrapped by the op's caller (a
+    double or a long) allocated at the address of a freed tensor, whose storage id the observer reuses.
+    """
+    return not t.shape and t.dtype != storage["dtype"] and t.dtype != "undefined"
+
+
 def _strides(t: TensorRef) -> list[int]:
     if t.strides is not None and len(t.strides) == len(t.shape):
         return [int(s) for s in t.strides]
@@ -214,6 +223,8 @@ class _Builder:
         self.view_ranges: dict[int, dict[tuple[int, int, int], list[tuple[int, int]]]] = {}
         self.trace_ranges: dict[int, tuple[int, int]] = {}
         self.devices: Counter[str] = Counter()
+        # (trace storage id, dtype) -> plan storage of wrapped Python numbers whose storage id clashed
+        self.scalar_storage: dict[tuple[int, str], int] = {}
 
     # tensors and storages ------------------------------------------------------------------
 
@@ -251,6 +262,23 @@ class _Builder:
         if tid is not None:
             return tid
         sid = self.cur_storage.get(t.storage_id)
+        if sid is not None and _wrapped_scalar_clash(t, self.storages[sid]):
+            # a Python number the op wrapped into a 0-dim tensor (float -> double, int -> long) where a
+            # freed tensor of another dtype lived: the observer reused the freed storage's id. Binding it
+            # to that storage would read the number's bits out of unrelated data (a float32 loss read as
+            # a double, an int64 step count read as a denormal double): it gets a storage of its own
+            skey = (t.storage_id, t.dtype)
+            sid = self.scalar_storage.get(skey)
+            if sid is None:
+                sid = len(self.storages)
+                self.storages.append({
+                    "id": sid, "nbytes": 0, "dtype": t.dtype, "device": t.device, "external": True,
+                    "anchor": None, "recipe": None, "trace_storage_id": t.storage_id,
+                })
+                self.scalar_storage[skey] = sid
+            tid = self._new_tensor(t, sid, "external")
+            self.cur_tensor[key] = tid
+            return tid
         if sid is None:
             sid = self._new_storage(t, external=True, anchor=None)
             source = "external"

@@ -21,8 +21,9 @@ reference_device="cpu", **options)`` returns the results rows (suite ``correctne
 Options: ``workloads`` (names or a comma list; default llama, dlrm, bert), ``config`` (workload
 config instead of the level's ``debug``/``small``), ``worst`` (``op_error_vs_fp64`` rows per
 benchmark besides the failing ones; default 3 at quick, 5 at full), ``threads`` (CPU threads
-while the validator runs; default 1 at quick, where the debug-size operators are too small to
-gain from threads and thread wake-ups dominate on a busy host; None keeps torch's setting).
+while the validator runs, default 1: the per-op comparison runs thousands of small operators
+(and their fp64 recomputations) one at a time, where thread wake-ups dominate, on a busy 2-core
+host by 10-50x; None keeps torch's setting, e.g. to qualify a CPU target's multi-threaded kernels).
 ``out_dir`` receives ``correctness_ops/<benchmark>.csv`` (one row per op: the comparison) and the
 cached reference captures and plans (``reference_benchmarks/``).
 
@@ -45,7 +46,7 @@ from typing import Any
 GROUPS: tuple[str, ...] = ("operator_replay", "workload_output", "repeatability")
 LEVEL_DEFAULTS: dict[str, dict[str, Any]] = {
     "quick": {"worst": 3, "threads": 1},
-    "full": {"worst": 5, "threads": None},
+    "full": {"worst": 5, "threads": 1},
 }
 MAX_FAILING_ROWS = 10
 OPS_CSV_COLUMNS = ("index", "name", "op", "status", "kind", "dtype", "err_target", "err_reference", "bound",
@@ -218,7 +219,7 @@ def _workload_output(ctx: dict[str, Any]) -> None:
 
 def _repeatability(ctx: dict[str, Any]) -> None:
     from . import engine
-    from .workload import compare_workload
+    from .workload import repeat_workload
 
     res, target, seed = ctx["res"], ctx["target"], ctx["seed"]
     for bench in ctx["benchmarks"]():
@@ -244,11 +245,11 @@ def _repeatability(ctx: dict[str, Any]) -> None:
                 status="fail" if differing else "pass", detail=detail)
     for name in ctx["workloads"]:
         ctx["progress"].note(f"repeatability of {name} ({ctx['config']}) forward on {target.label}")
-        o = compare_workload(name, ctx["config"], target, ctx["reference_device"], seed, repeat=True)
-        res.add("workload_repeatability", f"{name}/{ctx['config']}", "bitwise_equal", float(bool(o.repeat_equal)),
-                threshold=1, dtype="float32", status="pass" if o.repeat_equal else "fail",
-                detail=f"two forwards on {target.label} from the same weights and batch "
-                       + ("are bit-identical" if o.repeat_equal else "differ") + f"; seed {seed}")
+        same, shape = repeat_workload(name, ctx["config"], target, seed)
+        res.add("workload_repeatability", f"{name}/{ctx['config']}", "bitwise_equal", float(same),
+                threshold=1, dtype="float32", status="pass" if same else "fail",
+                detail=f"two forwards on {target.label} from the same weights and batch (output {shape}) "
+                       + ("are bit-identical" if same else "differ") + f"; seed {seed}")
 
 
 _RUNNERS = {"operator_replay": _operator_replay, "workload_output": _workload_output,

@@ -13,6 +13,8 @@ input width of its weight matrices) and ``s`` the model's measured sensitivity, 
 change of the fp64 output when every weight and floating input is multiplied by ``1 + u * r``
 (``u = 2^-24``, ``r`` uniform in [-1, 1]). The rounding errors a correct float32 device makes
 inside each layer act like such perturbations, ``sqrt(K)`` of them per dot product.
+
+:func:`repeat_workload` runs the target's forward twice for the repeatability check.
 """
 
 from __future__ import annotations
@@ -40,7 +42,6 @@ class WorkloadOutcome:
     bound: float
     bitwise: bool
     output_shape: list[int]
-    repeat_equal: bool | None = None
 
 
 def _batch_to(batch: dict[str, torch.Tensor], device: torch.device, float64: bool = False) -> dict[str, torch.Tensor]:
@@ -78,31 +79,42 @@ def _first_tensor(out: Any) -> torch.Tensor:
     raise TypeError(f"the workload's forward returned no tensor ({type(out).__name__})")
 
 
-def compare_workload(name: str, config: str, target: Any, reference_device: str, seed: int, *,
-                     repeat: bool = False) -> WorkloadOutcome:
-    """Run workload ``name`` (``config``) forward on the target, the reference device and in fp64.
-
-    With ``repeat`` the target runs the forward a second time on the same model copy and
-    ``repeat_equal`` says whether both outputs are bitwise equal. Returns a :class:`WorkloadOutcome`.
-    """
+def _build(name: str, config: str, seed: int) -> tuple[Any, torch.nn.Module, dict[str, torch.Tensor]]:
     from mystique import workloads
 
     mod = workloads.get(name)
     cfg = mod.CONFIGS[config]
     cpu = torch.device("cpu")
-    base = mod.build_model(cfg, device=cpu, dtype=torch.float32, seed=seed).eval()
-    batch = mod.make_batch(cfg, device=cpu, seed=seed)
+    model = mod.build_model(cfg, device=cpu, dtype=torch.float32, seed=seed).eval()
+    return mod, model, mod.make_batch(cfg, device=cpu, seed=seed)
+
+
+def repeat_workload(name: str, config: str, target: Any, seed: int) -> tuple[bool, list[int]]:
+    """Run workload ``name`` forward twice on the target from the same weights and batch.
+
+    Returns ``(bitwise_equal, output_shape)``.
+    """
+    mod, base, batch = _build(name, config, seed)
+    tdev = torch.device(target.device)
+    m_t, b_t = base.to(tdev), _batch_to(batch, tdev)
+    first = _first_tensor(engine.call_target(target, mod.forward, [m_t, b_t], {})).detach().cpu()
+    again = _first_tensor(engine.call_target(target, mod.forward, [m_t, b_t], {})).detach().cpu()
+    return tol.bitwise_equal(first, again), list(first.shape)
+
+
+def compare_workload(name: str, config: str, target: Any, reference_device: str, seed: int) -> WorkloadOutcome:
+    """Run workload ``name`` (``config``) forward on the target, the reference device and in fp64.
+
+    Returns a :class:`WorkloadOutcome` (errors vs fp64, the bound and what it was made of).
+    """
+    mod, base, batch = _build(name, config, seed)
+    cpu = torch.device("cpu")
     tdev, rdev = torch.device(target.device), torch.device(reference_device)
 
     m_t = copy.deepcopy(base).to(tdev)
-    b_t = _batch_to(batch, tdev)
-    out_t = engine.call_target(target, mod.forward, [m_t, b_t], {})
-    out_t = _first_tensor(out_t).detach().cpu()
-    repeat_equal = None
-    if repeat:
-        again = _first_tensor(engine.call_target(target, mod.forward, [m_t, b_t], {})).detach().cpu()
-        repeat_equal = tol.bitwise_equal(out_t, again)
-    del m_t, b_t
+    out_t = _first_tensor(engine.call_target(target, mod.forward, [m_t, _batch_to(batch, tdev)], {}))
+    out_t = out_t.detach().cpu()
+    del m_t
 
     m_r = copy.deepcopy(base).to(rdev)
     out_r = _first_tensor(engine.call_reference(mod.forward, [m_r, _batch_to(batch, rdev)], {})).detach().cpu()
@@ -113,8 +125,7 @@ def compare_workload(name: str, config: str, target: Any, reference_device: str,
     m_p = copy.deepcopy(base).to(torch.float64)
     b_p = _batch_to(batch, cpu, float64=True)
     gen = torch.Generator().manual_seed(seed + 1)
-    u = tol.unit_roundoff(torch.float32)
-    _perturb_(m_p, b_p, u, gen)
+    _perturb_(m_p, b_p, tol.unit_roundoff(torch.float32), gen)
     out_p = _first_tensor(engine.call_fp64(mod.forward, [m_p, b_p], {}))
     sens = tol.normwise_error(out_p, out_d)
     k = longest_dot(base)
@@ -123,4 +134,4 @@ def compare_workload(name: str, config: str, target: Any, reference_device: str,
     err_t = tol.normwise_error(out_t, out_d, scale=ref_norm) if out_t.shape == out_d.shape else float("inf")
     bound = tol.error_bound(err_r, tol.floor_bound(out_r.dtype, k, sens))
     return WorkloadOutcome(name, config, err_t, err_r, sens, k, bound, tol.bitwise_equal(out_t, out_r),
-                           list(out_r.shape), repeat_equal)
+                           list(out_r.shape))

@@ -5,7 +5,9 @@ injection, statistical campaigns, Parameter Vulnerability Factor and SDC screeni
 are the validator contract; the pieces are usable on their own:
 
 * :mod:`.abft`     ``checked_mm``, ``checked_linear``, ``checked_embedding_bag``,
-                   ``checked_quantized_embedding_bag`` -> ``(result, CheckReport)``
+                   ``checked_quantized_embedding_bag`` -> ``(result, CheckReport)``; ``encode_linear`` /
+                   ``verify_linear`` (a Linear's weight side encoded once)
+* :mod:`.overhead` interleaved side-by-side timing of the checked paths (the ``overhead`` group)
 * :mod:`.protect`  ``protect(model)`` -> Guard (hooks on every Linear/Embedding/EmbeddingBag)
 * :mod:`.bits`     exact bit flips and bit classes per dtype
 * :mod:`.inject`   injection sites and ``BitFlipMode`` (a TorchDispatchMode)
@@ -21,6 +23,8 @@ from .abft import (
     checked_linear,
     checked_mm,
     checked_quantized_embedding_bag,
+    encode_linear,
+    verify_linear,
 )
 from .bits import FlipRecord, bit_classes, flip_bits_
 from .inject import BitFlipMode, bitflip_mode
@@ -31,5 +35,5 @@ from .stats import wilson
 __all__ = [
     "GROUPS", "BitFlipMode", "CheckReport", "FlipRecord", "QuantizedTable", "augment_table", "bit_classes",
     "bitflip_mode", "checked_embedding_bag", "checked_linear", "checked_mm", "checked_quantized_embedding_bag",
-    "flip_bits_", "groups", "protect", "run", "wilson",
+    "encode_linear", "flip_bits_", "groups", "protect", "run", "verify_linear", "wilson",
 ]
