@@ -171,7 +171,8 @@ def validate(df: pd.DataFrame) -> pd.DataFrame:
             except (TypeError, ValueError) as exc:
                 raise ValueError(f"column {col} holds a non-number: {exc}") from exc
         else:
-            out[col] = out[col].fillna("").astype(str)
+            # one line per field: a bare carriage return inside a quoted field breaks CSV readers
+            out[col] = out[col].fillna("").astype(str).str.replace(r"[\r\n]+", " ", regex=True)
     bad = ~out["status"].isin(STATUSES)
     if bad.any():
         i = int(bad.to_numpy().nonzero()[0][0])

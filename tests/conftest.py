@@ -23,3 +23,17 @@ def cli_run():
         return result.exit_code, result.stdout, result.stderr
 
     return _run
+
+
+def _hypothesis_profiles() -> None:
+    """CI runs a fixed example sequence (a red build must reproduce); local runs explore."""
+    import os
+
+    from hypothesis import settings
+
+    settings.register_profile("ci", derandomize=True, print_blob=True)
+    if os.environ.get("CI"):
+        settings.load_profile("ci")
+
+
+_hypothesis_profiles()
