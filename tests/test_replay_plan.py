@@ -309,7 +309,7 @@ def test_wrapped_python_number_reusing_a_freed_storage_id_gets_a_storage_of_its_
     for t, dt in ((inc_t, "int64"), (beta_t, "float64")):
         st = storages[tensors[t]["storage"]]
         assert st["external"] and st["dtype"] == dt and tensors[t]["source"] == "external"
-    assert storages[tensors[beta_t]["storage"]]["recipe"]["kind"] == "uniform_pos"
+    assert storages[tensors[beta_t]["storage"]]["recipe"]["kind"] == "ones"
     # the loss itself, still alive and of its own dtype, is read back from the op that made it
     assert plan.ops[4]["args"][1]["t"] == loss_t
     e = ex.Executor(plan.data, "cpu")
@@ -318,4 +318,4 @@ def test_wrapped_python_number_reusing_a_freed_storage_id_gets_a_storage_of_its_
         e.run_iteration()
     assert e.counts()["fallbacks"] == 0
     assert all(bool(torch.isfinite(t).all()) for t in e._external.values() if t.is_floating_point())
-    assert float(e._external[beta_t]) > 0
+    assert float(e._external[beta_t]) == 1.0

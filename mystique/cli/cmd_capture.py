@@ -18,10 +18,25 @@ from . import cli, options
 @click.option("--warmup", default=2, show_default=True, type=click.IntRange(0), help="Warm-up steps.")
 @options.seed
 @options.force
-def capture_cmd(target_name, output, config, mode, device, dtype, steps, warmup, seed, force) -> int:
+@click.option("--nproc", default=None, type=click.IntRange(2), metavar="N",
+              help="Capture N ranks (one process each) into OUT/rank-K/; under torchrun the ranks are detected.")
+@click.option("--parallel", default="ddp", show_default=True, type=click.Choice(("ddp", "fsdp", "none")),
+              help="How a multi-rank capture trains a built-in workload.")
+@click.option("--backend", default=None, type=click.Choice(("gloo", "nccl")),
+              help="Process-group backend of a multi-rank capture (default: nccl on cuda, else gloo).")
+def capture_cmd(target_name, output, config, mode, device, dtype, steps, warmup, seed, force,
+                nproc, parallel, backend) -> int:
     """Capture TARGET (llama | dlrm | bert | package.module:function) into a trace folder."""
     from ..capture import capture
+    from ..distributed import torchrun_env
 
+    if nproc or torchrun_env():  # scale-out: one trace dir per rank (mystique.distributed)
+        from ..distributed import capture_distributed
+
+        capture_distributed(target_name, output, nproc=nproc, parallel=parallel, backend=backend, config=config,
+                            mode=mode, device=device, dtype=dtype, steps=steps, warmup=warmup, seed=seed,
+                            force=force)
+        return 0
     capture(target_name, output, config=config, mode=mode, device=device, dtype=dtype,
             steps=steps, warmup=warmup, seed=seed, force=force)
     return 0

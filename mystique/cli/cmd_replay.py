@@ -17,12 +17,35 @@ from . import cli, options
               help="Profiler step to replay when reading a trace (default: the last complete one).")
 @options.seed
 @options.force
-def replay_cmd(source, output, device, iters, warmup, iteration, seed, force) -> int:
+@click.option("--timeout", default=60.0, show_default=True, type=click.FloatRange(min=0, min_open=True),
+              metavar="S", help="Multi-rank replay: seconds a collective may wait for its peers.")
+@click.option("--world-size", default=None, type=click.IntRange(2), metavar="N",
+              help="Multi-rank replay of a trace with fewer ranks than N: the others are synthetic peers.")
+@click.option("--backend", default=None, type=click.Choice(("gloo", "nccl")),
+              help="Multi-rank replay backend (default: nccl on cuda, else gloo).")
+def replay_cmd(source, output, device, iters, warmup, iteration, seed, force, timeout, world_size, backend) -> int:
     """Replay BENCH_OR_TRACE (benchmark dir, benchmark.json, trace dir or ET file) with synthetic data.
 
-    Writes OUT_DIR/ops.csv, OUT_DIR/summary.json and OUT_DIR/results.csv.
+    Writes OUT_DIR/ops.csv, OUT_DIR/summary.json and OUT_DIR/results.csv. A multi-rank trace (a
+    folder of rank-K/ trace dirs or of per-rank ET files named ...K.json) replays with one
+    process per rank: OUT_DIR/rank-K/ per rank, OUT_DIR/collectives.csv and a merged summary.
     """
     from .. import results
+    from ..distributed import find_rank_sources
+
+    if world_size or find_rank_sources(source) is not None:  # scale-out (mystique.distributed)
+        from ..distributed import replay_distributed
+
+        summary, df = replay_distributed(source, output, device=device, iters=iters, warmup=warmup,
+                                         iteration=iteration, seed=seed, force=force, world_size=world_size,
+                                         backend=backend, timeout=timeout)
+        c = summary["collectives"]
+        click.echo(f"{summary['world_size']} ranks: {c['replayed']}/{c['total']} collectives, "
+                   f"{summary['ops_replayed']}/{summary['ops_total']} ops replayed; critical-path step "
+                   f"{summary['replay_step_ms']:.3f} ms (rank {summary['critical_rank']})"
+                   + (f", ratio {summary['ratio']:.3f}" if summary["ratio"] is not None else "")
+                   + f"; results in {output}")
+        return results.exit_code(df)
     from ..replay.run import replay
 
     summary, df = replay(source, output, device=device, iters=iters, warmup=warmup, iteration=iteration,

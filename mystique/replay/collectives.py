@@ -499,15 +499,13 @@ class CollectiveRunner:
 
                     synchronize(self.device)
                 rec.times.append(time.perf_counter() - t0)
+                self._mark(spec, False)
         except CollectiveFailed:
             raise
         except Exception as exc:  # noqa: BLE001 - any failure aborts the whole replay of this rank
             msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise CollectiveFailed(f"rank {self.rank}: collective {spec.describe()} failed: "
                                    f"{type(exc).__name__}: {msg[:300]}") from exc
-        finally:
-            if not (spec.asynchronous and spec.seq in self.pending):
-                self._mark(spec, False)
         return _mirror(outputs_enc, by_tid)
 
     def _wait(self, spec: CommSpec) -> None:
@@ -523,9 +521,8 @@ class CollectiveRunner:
             msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise CollectiveFailed(f"rank {self.rank}: wait of collective {rec.spec.describe()} failed: "
                                    f"{type(exc).__name__}: {msg[:300]}") from exc
-        finally:
-            self._mark(rec.spec, False)
         rec.times.append(time.perf_counter() - t0)
+        self._mark(rec.spec, False)
 
     def drain(self) -> None:
         """Wait for every collective still in flight (end of an iteration or of the run)."""
@@ -627,7 +624,8 @@ class CollectiveRunner:
                                            for c, p in zip(chunks, o.view(n, -1))])
             rec.size_bytes = o.numel() * o.element_size()
             rec.wire_dtype = str(o.dtype).replace("torch.", "")
-            return dist.all_gather_into_tensor(o, s, group=group, async_op=a), finish
+            gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # renamed in 2.13
+            return gather(o, s, group=group, async_op=a), finish
         if kind in ("reduce_scatter", "reduce_scatter_tensor"):
             if outs and ins and ins[0].numel() == outs[0].numel() * n and len(ins) == 1:
                 src, dst = ins[0], outs[0]
@@ -640,7 +638,8 @@ class CollectiveRunner:
             (s, d) = wired([src, dst])
             rec.size_bytes = s.numel() * s.element_size()
             rec.wire_dtype = str(s.dtype).replace("torch.", "")
-            return dist.reduce_scatter_tensor(d, s, group=group, async_op=a), finish
+            scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor  # renamed in 2.13
+            return scatter(d, s, group=group, async_op=a), finish
         if kind in ("all_to_all_single", "all_to_all"):
             if kind == "all_to_all" and len(ins) == n and len(outs) == n:
                 src = torch.cat([t.reshape(-1) for t in ins])

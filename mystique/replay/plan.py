@@ -554,10 +554,15 @@ class _Builder:
                 st["recipe"] = {"kind": "randn"}
                 shape = first_shape.get(sid)
                 if shape is not None and math.prod(shape) <= 1:
-                    # a 0-dim float: usually a Python number the op wrapped (an optimizer's beta, eps, a
-                    # bias correction, a step count); their values are lost, and a random sign or a
-                    # near-zero value would turn the step's arithmetic into NaN/inf
-                    st["recipe"] = {"kind": "uniform_pos"}
+                    # a 0-dim float: usually a Python number the op wrapped (an optimizer's beta2, its
+                    # weight-decay factor 1 - lr * wd, eps, a bias correction); the values are lost. They
+                    # multiply or divide state that persists across iterations (`exp_avg_sq.mul_(beta2)`,
+                    # `param.mul_(1 - lr * wd)`): a random sign or a near-zero value turns the arithmetic into
+                    # NaN/inf, and any constant below 1 shrinks parameters geometrically, iteration after
+                    # iteration, until gradients are denormal and every matmul runs several times slower.
+                    # 1 is neutral in products and quotients, so the replayed state keeps its scale however
+                    # many iterations run (the real factors are within 1e-3 of 1 for the betas and decay)
+                    st["recipe"] = {"kind": "ones"}
                     continue
                 if shape and len(shape) >= 2 and math.prod(shape[1:]) > 1:
                     # weights are initialised with a spread of about 1/sqrt(fan_in); unit-variance data in

@@ -42,15 +42,16 @@ class Timings:
     wall: dict[str, float]
     reps: int
     clock: str
+    resolution: float
 
     def overhead(self, checked: str, base: str) -> float:
         return self.median[checked] / self.median[base] - 1.0
 
 
-def _clock(device: str, threads: int) -> tuple[Callable[[], float], str]:
+def _clock(device: str, threads: int) -> tuple[Callable[[], float], str, float]:
     if torch.device(device).type == "cpu" and threads == 1:
-        return time.thread_time, "thread CPU time"
-    return time.perf_counter, "wall clock"
+        return time.thread_time, "thread CPU time", time.get_clock_info("thread_time").resolution
+    return time.perf_counter, "wall clock", time.get_clock_info("perf_counter").resolution
 
 
 def time_interleaved(fns: dict[str, Callable[[], Any]], reps: int, *, device: str, threads: int,
@@ -59,7 +60,7 @@ def time_interleaved(fns: dict[str, Callable[[], Any]], reps: int, *, device: st
 
     ``prepare(r)`` runs untimed before round ``r`` (fresh inputs). Returns the :class:`Timings`.
     """
-    clock, name = _clock(device, threads)
+    clock, name, resolution = _clock(device, threads)
     times: dict[str, list[float]] = {k: [] for k in fns}
     wall: dict[str, list[float]] = {k: [] for k in fns}
     keys = list(fns)
@@ -80,7 +81,7 @@ def time_interleaved(fns: dict[str, Callable[[], Any]], reps: int, *, device: st
             times[k].append(clock() - t0)
             wall[k].append(time.perf_counter() - w0)
     return Timings({k: statistics.median(v) for k, v in times.items()},
-                   {k: statistics.median(v) for k, v in wall.items()}, reps, name)
+                   {k: statistics.median(v) for k, v in wall.items()}, reps, name, resolution)
 
 
 @contextlib.contextmanager

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import time
 from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
@@ -49,7 +48,7 @@ OVERHEAD_TARGETS = overhead.TARGETS
 
 LEVELS: dict[str, dict[str, Any]] = {
     "quick": {"trials": 900, "fp_trials": 2000, "pvf_trials": 24, "pvf_config": "debug", "sdc_runs": 4,
-              "overhead_sizes": (1024,), "overhead_reps": 31, "overhead_threads": 1,
+              "overhead_sizes": (1024, 2048), "overhead_reps": 21, "overhead_threads": 1,
               "overhead_tables": ((100_000, 64, 2048, 40), (100_000, 128, 2048, 40)),
               "workloads": ("dlrm", "bert", "llama")},
     "full": {"trials": 30000, "fp_trials": 30000, "pvf_trials": 200, "pvf_config": "small", "sdc_runs": 20,
@@ -388,7 +387,6 @@ def _group_overhead(res: Results, target: Any, seed: int, opts: dict[str, Any]) 
     """``abft_overhead`` rows: checked / unchecked - 1 of the product's checked paths (see :mod:`.overhead`)."""
     dev = target.device
     reps = int(opts["overhead_reps"])
-    resolution = time.get_clock_info("thread_time").resolution
     with overhead.cpu_threads(dev, int(opts["overhead_threads"])) as threads:
         for n in opts["overhead_sizes"]:
             load0 = overhead.load_average()
@@ -399,7 +397,7 @@ def _group_overhead(res: Results, target: Any, seed: int, opts: dict[str, Any]) 
             aa = t.overhead("mm_again", "mm")
             common = (f"{t.clock}, {threads} thread(s), median of {reps} interleaved reps; A/A resolution "
                       f"{aa:+.2%} (a @ b timed twice); load average {load0:.2f} -> {load1:.2f}; "
-                      f"clock resolution {resolution:.0e} s; float32 n={n} (M=K=N)")
+                      f"clock resolution {t.resolution:.0e} s; float32 n={n} (M=K=N)")
             res.add("overhead", f"timing_resolution_{n}", "aa_relative_difference", aa, unit="ratio",
                     dtype="float32", status="pass", detail=common)
             for name, checked, base, what in overhead.GEMM_COMPARISONS:
@@ -422,7 +420,8 @@ def _group_overhead(res: Results, target: Any, seed: int, opts: dict[str, Any]) 
             aa = t.overhead("embedding_bag_again", "embedding_bag")
             common = (f"{t.clock}, {threads} thread(s), median of {t.reps} interleaved reps, fresh random indices each "
                       f"rep; A/A resolution {aa:+.2%} (two copies of the table); load average {load0:.2f} -> "
-                      f"{load1:.2f}; table {rows} x {d}, {bags} bags of {length}, sum pooling")
+                      f"{load1:.2f}; clock resolution {t.resolution:.0e} s; table {rows} x {d}, {bags} bags of {length}, "
+                      "sum pooling")
             res.add("overhead", f"timing_resolution_{shape}", "aa_relative_difference", aa, unit="ratio",
                     dtype="float32", status="pass", detail=common)
             for name, checked, base, dt, what in overhead.EMBEDDING_COMPARISONS:
