@@ -354,7 +354,8 @@ def fill_storage(buf: torch.Tensor, recipe: dict[str, Any]) -> None:
     """Fill the flat tensor ``buf`` in place according to a data recipe.
 
     Recipes: ``randn`` (floats with standard deviation ``std``, default 1; 0/1 for integers), ``randint`` (``low`` <= v < ``high``;
-    optional ``segments`` ``[start, count, stride, low, high]`` give views of the storage ranges of their own),
+    optional ``segments`` ``[start, count, stride, low, high]`` give views of the storage ranges of their own;
+    optional ``zipf`` (an exponent) skews the values, see :func:`_draw_ints`),
     ``uniform_pos`` (floats in [0.1, 1)), ``bernoulli`` (0/1, False/True), ``offsets``
     (per segment ``[start, count, stride, total, include_last]``: non-decreasing, first 0, all <=
     ``total``), ``zeros``, ``ones``.
@@ -390,12 +391,12 @@ def fill_storage(buf: torch.Tensor, recipe: dict[str, Any]) -> None:
                 if info is not None:
                     low, high = max(low, info.min), min(high, info.max + 1) if high <= info.max else info.max
                     high = max(high, low + 1)
-                buf.copy_(torch.randint(low, high, (n,), device=buf.device, dtype=torch.int64).to(dt))
+                buf.copy_(_draw_ints(low, high, n, buf.device, recipe.get("zipf")).to(dt))
             for start, count, stride, s_low, s_high in recipe.get("segments") or []:
                 count = min(int(count), max((n - 1 - int(start)) // max(int(stride), 1) + 1, 0))
                 if count > 0:
                     pos = int(start) + torch.arange(count, device=buf.device) * int(stride)
-                    vals = torch.randint(int(s_low), max(int(s_high), int(s_low) + 1), (count,), device=buf.device)
+                    vals = _draw_ints(int(s_low), max(int(s_high), int(s_low) + 1), count, buf.device, recipe.get("zipf"))
                     buf[pos] = vals.to(dt)
         elif kind == "offsets":
             # non-decreasing bag starts beginning at 0, one run per offsets view (segment)
@@ -428,6 +429,30 @@ def fill_storage(buf: torch.Tensor, recipe: dict[str, Any]) -> None:
                 buf.normal_(0.0, std)
         else:
             buf.copy_(torch.randint(0, 2, (n,), device=buf.device).to(dt))
+
+
+def _draw_ints(low: int, high: int, n: int, device: torch.device, zipf: Any = None) -> torch.Tensor:
+    """``n`` int64 values in ``[low, high)``: uniform, or Zipf-skewed when ``zipf`` is an exponent > 0.
+
+    Skewed: the value of popularity rank ``r`` (0 = most popular) is drawn with weight ``(r + 1) ** -zipf``
+    (inverse CDF of the continuous power law, truncated to the range), and ranks are spread over the range
+    by a fixed stride coprime with its size, so that popular values are not neighbours.
+    """
+    size = high - low
+    if not zipf or size <= 1:
+        return torch.randint(low, high, (n,), device=device, dtype=torch.int64)
+    a = float(zipf)
+    u = torch.rand(n, device=device, dtype=torch.float64)
+    top = float(size + 1)
+    if abs(a - 1.0) < 1e-9:
+        x = torch.exp(u * math.log(top))
+    else:
+        x = (u * (top ** (1.0 - a) - 1.0) + 1.0) ** (1.0 / (1.0 - a))
+    rank = (x.floor().to(torch.int64) - 1).clamp_(0, size - 1)
+    stride = max(1, int(size * 0.381966))
+    while math.gcd(stride, size) != 1:
+        stride += 1
+    return (rank * stride) % size + low
 
 
 def _extent(shape: Sequence[int], strides: Sequence[int], offset: int) -> int:

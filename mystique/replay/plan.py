@@ -14,7 +14,10 @@ runs): ``{"format": "mystique-benchmark", "version": 1, "metadata": {...}, "stor
   result) or ``derived`` (a view of a storage an earlier op produced, e.g. made by a nested op).
 * ``storages``: ``{"id", "nbytes", "dtype", "device", "external", "anchor", "recipe",
   "trace_storage_id"}``; ``recipe`` is the data recipe (``randn``, ``randint``, ``uniform_pos``,
-  ``bernoulli``, ``offsets``).
+  ``bernoulli``, ``offsets``, ``ones``; see :func:`mystique.replay.executor.fill_storage`). Index
+  data takes the range the consumers allow (and the trace's recorded min/max); embedding-bag
+  indices are Zipf-skewed (:data:`EMBEDDING_BAG_ZIPF`); 0-dim floats (wrapped Python numbers
+  whose values the trace does not keep) are 1.
 
 Tensor and storage ids of the trace are reused by the observer once memory is freed, so the
 builder renames them: a trace tensor gets a new plan id each time an op produces it, and a new
@@ -59,6 +62,12 @@ _NLL_OPS = frozenset({"aten::nll_loss", "aten::nll_loss_nd", "aten::nll_loss_for
                       "aten::nll_loss2d_forward", "aten::cross_entropy_loss"})
 _NLL_BACKWARD_OPS = frozenset({"aten::nll_loss_backward", "aten::nll_loss2d_backward"})
 _FLOAT_DTYPES = frozenset({"float32", "float16", "bfloat16", "float64"})
+# Exponent of the Zipf law drawn for embedding-bag indices (recommendation tables). The trace records only
+# each index tensor's min and max; uniform indices over a large table touch ~3x more distinct rows than the
+# power-law popularity of real categorical features does (Criteo's fit is about 1.05, as in the reference
+# DLRM workload), so a replay with uniform indices misses the caches the original hit and runs the
+# embedding ops (forward and backward) slower. Token ids (``aten::embedding``) stay uniform.
+EMBEDDING_BAG_ZIPF = 1.05
 
 
 @dataclass
@@ -223,6 +232,7 @@ class _Builder:
         self.view_ranges: dict[int, dict[tuple[int, int, int], list[tuple[int, int]]]] = {}
         self.trace_ranges: dict[int, tuple[int, int]] = {}
         self.devices: Counter[str] = Counter()
+        self.skewed: set[int] = set()  # plan storages of embedding-bag indices (Zipf-skewed recipe)
         # (trace storage id, dtype) -> plan storage of wrapped Python numbers whose storage id clashed
         self.scalar_storage: dict[tuple[int, str], int] = {}
 
@@ -466,6 +476,8 @@ class _Builder:
                 ind = tid(named.get("indices"))
                 if w:
                     self.constrain(ind, 0, w[0])
+                if ind is not None:
+                    self.skewed.add(self.tensors[ind]["storage"])
                 off = tid(named.get("offsets"))
                 if off is not None and ind is not None:
                     # one segment per offsets view: several tables' offsets often share one storage
@@ -539,6 +551,8 @@ class _Builder:
                 if hi <= lo:  # disagreeing constraints: the consumers' (last ones) win
                     lo, hi = rs[-1]
                 st["recipe"] = {"kind": "randint", "low": int(lo), "high": int(max(hi, lo + 1))}
+                if sid in self.skewed:
+                    st["recipe"]["zipf"] = EMBEDDING_BAG_ZIPF
                 views = self.view_ranges.get(sid, {})
                 if len(views) > 1:
                     # views of one storage with ranges of their own (e.g. one row of indices per
