@@ -407,7 +407,8 @@ def _check_schedules(specs: dict[int, Any], rank: int) -> None:
     """Every rank must issue the same kinds of collective in the same order on each group."""
     import torch.distributed as dist
 
-    mine = [(s.pg_name or "default", s.kind) for s in specs.values() if s.kind != "wait"]
+    p2p = {"send": "send/recv", "recv": "send/recv"}  # a send meets its peer's recv
+    mine = [(s.pg_name or "default", p2p.get(s.kind, s.kind)) for s in specs.values() if s.kind != "wait"]
     everyone: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(everyone, mine)
     ref = everyone[0]
@@ -442,20 +443,9 @@ def _exit_now(code: int) -> None:
 
 
 def _rank_process_setup() -> None:
-    """What a replaying rank process needs beyond the single-process replay.
-
-    - ``fsdp::*`` operators (FSDP2's copy-in/out ops) register when torch's FSDP is imported;
-    - FSDP2 labels its regions ``FSDP::pre_forward`` and the like, which the trace model
-      (``mystique.trace.model.LABEL_PREFIXES``) does not list yet, so their collectives and
-      compute would be taken for one unknown operator each. Until it does, rank processes add the
-      prefix (this process only).
-    """
+    """What a replaying rank process needs beyond the single-process replay: ``fsdp::*`` operators
+    (FSDP2's copy-in/out ops) register when torch's FSDP is imported."""
     import torch.distributed.fsdp  # noqa: F401 - registers the fsdp:: operators
-
-    from .trace import model
-
-    if "FSDP::" not in model.LABEL_PREFIXES:
-        model.LABEL_PREFIXES = (*model.LABEL_PREFIXES, "FSDP::")
 
 
 def _replay_rank_body(rank: int, world: int, job: dict[str, Any], status: _RankStatus, stage: Path) -> None:

@@ -47,6 +47,7 @@ def test_replay_of_a_trace_dir_writes_summary_ops_and_results(trace_dir, tmp_pat
 
     df = read_csv(out / "results.csv")
     assert set(df["suite"]) == {"replay"}
+    assert set(df["subject"]) == {"user_steps:tiny_mlp"}  # what capture.json says was captured
     checks = dict(zip(df["check"], df["status"]))
     assert checks["replay_coverage"] == "pass"
     assert checks["replay_step_time_ratio"] in ("pass", "fail")
@@ -69,6 +70,7 @@ def test_replay_of_a_raw_et_file_has_no_original_time_and_skips_the_ratio(tmp_pa
 
     df = read_csv(out / "results.csv")
     assert df.set_index("check").loc["replay_step_time_ratio", "status"] == "skip"
+    assert set(df["subject"]) == {"resnet_1gpu_trimmed.json.gz"}  # a bare ET file: its name
     assert df.set_index("check").loc["replay_coverage", "status"] == "pass"
 
 
@@ -181,3 +183,71 @@ def test_benchmark_generated_from_a_trace_dir_keeps_the_original_step_time(trace
     cli_run("-q", "replay", str(bench / "benchmark.json"), "-o", str(tmp_path / "r"), "--iters", "2", "--warmup", "0")
     s = json.loads((tmp_path / "r" / "summary.json").read_text())
     assert s["original_step_ms"] == pytest.approx(cap["step_time"]["median_ms"]) and isinstance(s["ratio"], float)
+    from mystique.results import read_csv
+
+    assert set(read_csv(tmp_path / "r" / "results.csv")["subject"]) == {"user_steps:tiny_mlp"}
+    # an obfuscated benchmark does not name the workload: its rows name the benchmark folder
+    hidden = tmp_path / "hidden_bench"
+    assert cli_run("-q", "generate", str(trace_dir), "-o", str(hidden), "--obfuscate")[0] == 0
+    assert json.loads((hidden / "benchmark.json").read_text())["metadata"]["subject"] is None
+    cli_run("-q", "replay", str(hidden), "-o", str(tmp_path / "r2"), "--iters", "1", "--warmup", "0")
+    assert set(read_csv(tmp_path / "r2" / "results.csv")["subject"]) == {"hidden_bench"}
+
+
+def test_subject_names_the_capture_else_the_folder_or_file(tmp_path):
+    from mystique.replay.plan import Plan, capture_subject
+    from mystique.replay.run import subject_of
+
+    assert capture_subject({"workload": "llama", "config": "small", "mode": "train"}) == "llama/small/train"
+    assert capture_subject({"kind": "user", "function": "pkg.mod:step", "config": None}) == "pkg.mod:step"
+    assert capture_subject({"target": "pkg.mod:fn"}) == "pkg.mod:fn" and capture_subject(None) is None
+    plan = Plan({"metadata": {"subject": None}})
+    (tmp_path / "my_trace").mkdir()
+    (tmp_path / "bench7").mkdir()
+    assert subject_of(plan, tmp_path / "my_trace", "trace") == "my_trace"
+    assert subject_of(plan, tmp_path / "my_trace" / "trace.json.gz", "trace") == "my_trace"
+    assert subject_of(plan, tmp_path / "bench7" / "benchmark.json", "benchmark") == "bench7"
+    assert subject_of(plan, tmp_path / "gpt2_et.json", "trace") == "gpt2_et.json"
+    assert subject_of(Plan({"metadata": {"subject": "bert/small/infer"}}), tmp_path / "bench7", "benchmark") \
+        == "bert/small/infer"
+
+
+def test_cpu_replays_use_the_captured_thread_count_capped_at_the_cores_available():
+    import os
+
+    from mystique.replay import executor as ex
+
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    cores = len(os.sched_getaffinity(0))
+    plan = {"metadata": {"original_threads": 1}}
+    assert ex.replay_threads(plan, cpu) == 1
+    assert ex.replay_threads({"metadata": {"original_threads": 10_000}}, cpu) == cores
+    assert ex.replay_threads(plan, cpu, 3) == 3  # asked for: wins
+    assert ex.replay_threads(plan, cpu, 0) is None  # 0: torch's own setting
+    assert ex.replay_threads(plan, cuda) is None and ex.replay_threads({"metadata": {}}, cpu) is None
+
+
+def test_replay_runs_with_the_plan_threads_and_restores_torch_setting(trace_dir, tmp_path, monkeypatch):
+    from mystique.replay import executor as ex
+    from mystique.replay.run import replay
+
+    seen = []
+    real = ex.Executor.time_iterations
+
+    def spy(self, *a, **k):
+        seen.append(torch.get_num_threads())
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(ex.Executor, "time_iterations", spy)
+    before = torch.get_num_threads()
+    bench = tmp_path / "b"
+    from mystique.replay.generate import generate
+
+    plan = generate(str(trace_dir), str(bench))
+    data = json.loads((bench / "benchmark.json").read_text())
+    data["metadata"]["original_threads"] = 1
+    (bench / "benchmark.json").write_text(json.dumps(data))
+    assert plan.metadata["original_threads"] == json.loads((trace_dir / "capture.json").read_text())["threads"]
+    replay(bench, tmp_path / "r", iters=2, warmup=0, op_iters=1)
+    assert seen and set(seen) == {1}
+    assert torch.get_num_threads() == before

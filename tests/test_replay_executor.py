@@ -402,3 +402,30 @@ def test_compiled_calls_pass_keyword_named_arguments_and_read_the_value_table():
     assert out is v[1] and 2 <= float(out.min()) and float(out.max()) < 5
     cat = ex._make_call(ex.resolve_overload("aten::cat.default"), [[ex.TensorSlot(0), ex.TensorSlot(1)]], {"dim": 0})
     assert cat([torch.ones(2), torch.zeros(3)]).tolist() == [1, 1, 0, 0, 0]
+
+
+@given(low=st.integers(-1000, 10_000), size=st.integers(1, 500_000), n=st.integers(1, 3000),
+       zipf=st.sampled_from([None, 0.8, 1.0, 1.05, 1.5]))
+@settings(max_examples=60, deadline=None)
+def test_integer_draws_stay_in_their_range_skewed_or_not(low, size, n, zipf):
+    vals = ex._draw_ints(low, low + size, n, torch.device("cpu"), zipf)
+    assert vals.dtype == torch.int64 and vals.numel() == n
+    assert int(vals.min()) >= low and int(vals.max()) < low + size
+
+
+def test_zipf_recipe_concentrates_draws_on_few_scattered_values_like_real_categorical_data():
+    buf = torch.empty(40_000, dtype=torch.int64)
+    ex.fill_storage(buf, {"kind": "randint", "low": 0, "high": 100_000, "zipf": 1.05})
+    counts = torch.bincount(buf, minlength=100_000).sort(descending=True).values
+    assert int(counts[:1000].sum()) > 0.4 * buf.numel()  # 1% of the rows take > 40% of the lookups
+    hot = torch.bincount(buf, minlength=100_000).argsort(descending=True)[:20]
+    assert int((hot[1:] - hot[:-1]).abs().min()) > 1  # the popular rows are not neighbours
+    flat = torch.empty(40_000, dtype=torch.int64)
+    ex.fill_storage(flat, {"kind": "randint", "low": 0, "high": 100_000})
+    assert int(torch.bincount(flat).sort(descending=True).values[:1000].sum()) < 0.1 * flat.numel()
+    # per-view segments (one embedding table per row of a (T, N) index tensor) are skewed too
+    seg = torch.empty(2 * 5000, dtype=torch.int64)
+    ex.fill_storage(seg, {"kind": "randint", "low": 0, "high": 50, "zipf": 1.05,
+                          "segments": [[0, 5000, 1, 0, 50_000], [5000, 5000, 1, 0, 7]]})
+    assert int(seg[:5000].max()) < 50_000 and int(seg[5000:].max()) < 7
+    assert torch.unique(seg[:5000]).numel() < 0.6 * 5000

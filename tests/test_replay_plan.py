@@ -267,8 +267,8 @@ def test_wrapped_python_number_reusing_a_freed_storage_id_gets_a_storage_of_its_
     Python number the optimizer wraps into a 0-dim double (or long) tensor can name the storage of
     the float32 loss that backward freed. The plan must not read the number's bits out of the loss
     (nor out of an int64 step count): each clashing scalar is an external storage of its own dtype,
-    with a positive stand-in value, and the replayed update stays finite."""
-    from mystique.trace.model import Arg, Trace, TensorRef
+    standing in as 1 (neutral in the products it takes part in), and the replayed update stays finite."""
+    from mystique.trace.model import Arg, TensorRef, Trace
 
     def tref(tid, sid, shape, dtype, itemsize=4):
         return TensorRef(tid, sid, 0, max(1, int(torch.tensor(shape).prod()) if shape else 1), itemsize, "cpu",
@@ -319,3 +319,41 @@ def test_wrapped_python_number_reusing_a_freed_storage_id_gets_a_storage_of_its_
     assert e.counts()["fallbacks"] == 0
     assert all(bool(torch.isfinite(t).all()) for t in e._external.values() if t.is_floating_point())
     assert float(e._external[beta_t]) == 1.0
+
+
+def test_embedding_bag_indices_are_zipf_skewed_and_token_ids_stay_uniform(sparse_trace):
+    from mystique.replay.plan import EMBEDDING_BAG_ZIPF
+
+    plan = build_plan(sparse_trace)
+    bag = _storage_of(plan, lambda op: op["name"] == "aten::embedding_bag")
+    emb = _storage_of(plan, lambda op: op["name"] == "aten::embedding")
+    recipe = lambda enc: plan.storages[plan.tensors[enc["t"]]["storage"]]["recipe"]  # noqa: E731
+    r = recipe(bag["args"][1])
+    assert r["kind"] == "randint" and r["zipf"] == EMBEDDING_BAG_ZIPF and 0 <= r["low"] < r["high"] <= 30
+    assert "zipf" not in recipe(emb["args"][1])
+
+
+def test_replayed_single_tensor_adamw_keeps_the_parameters_scale_over_many_iterations(tmp_path):
+    """Stand-ins for the optimizer's lost Python numbers multiply persistent state every iteration:
+    anything but a neutral value shrinks (or grows) the parameters geometrically until gradients are
+    denormal and the replay's kernels slow down (or overflow)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 4))
+    opt = torch.optim.AdamW(model.parameters(), foreach=False, weight_decay=0.1)
+    x = torch.randn(8, 16)
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        model(x).pow(2).mean().backward()
+        opt.step()
+
+    plan = build_plan(load_trace(capture_et(tmp_path / "adamw.json", step)))
+    e = ex.Executor(plan.data, "cpu")
+    e.probe()
+    weights = [t for t in e._external.values() if t.dim() == 2 and t.is_floating_point() and t.requires_grad]
+    assert weights
+    before = [float(w.detach().std()) for w in weights]
+    for _ in range(40):
+        e.run_iteration()
+    after = [float(w.detach().std()) for w in weights]
+    assert all(0.5 * b < a < 2 * b for a, b in zip(after, before)), (before, after)

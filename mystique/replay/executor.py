@@ -51,6 +51,7 @@ MEMORY_FORMATS: tuple[str, ...] = ("contiguous_format", "preserve_format", "chan
 # Modules that register the operators of a custom namespace when imported.
 CUSTOM_OP_MODULES: dict[str, tuple[str, ...]] = {
     "fbgemm": ("fbgemm_gpu",),
+    "fsdp": ("torch.distributed.fsdp",),  # FSDP2's copy-in/out ops
     "torchrec": ("torchrec",),
     "torchvision": ("torchvision",),
     "torchaudio": ("torchaudio",),
@@ -484,6 +485,28 @@ def available_memory(device: torch.device) -> int | None:
         except OSError:
             return None
     return None
+
+
+def replay_threads(plan: dict[str, Any], device: torch.device, requested: int | None = None) -> int | None:
+    """The intra-op CPU thread count a replay on ``device`` should use (None: leave torch's setting).
+
+    ``requested`` > 0 wins; 0 keeps torch's setting; None (the default) takes the plan's
+    ``original_threads`` (``capture.json``'s ``threads``) so that kernels split their work as they did
+    when the original step was timed, capped at the cores this process may run on. Accelerator
+    replays keep torch's setting.
+    """
+    if requested is not None:
+        return int(requested) if requested > 0 else None
+    if device.type != "cpu":
+        return None
+    want = (plan.get("metadata") or {}).get("original_threads")
+    if not isinstance(want, int) or isinstance(want, bool) or want < 1:
+        return None
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or want
+    return max(1, min(want, cores))
 
 
 def synchronize(device: torch.device) -> None:
@@ -1202,12 +1225,14 @@ def main(argv: Sequence[str] | None = None, default_plan: str | None = None) -> 
     ap.add_argument("--iters", type=int, default=10, help="measured iterations")
     ap.add_argument("--warmup", type=int, default=3, help="warm-up iterations")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=None,
+                    help="CPU threads (default on cpu: those of the captured step; 0: torch's default)")
     ns = ap.parse_args(argv)
     if not ns.plan:
         print("error: no plan given (--plan)", file=sys.stderr)
         return 2
-    if ns.iters < 1 or ns.warmup < 0:
-        print("error: --iters must be >= 1 and --warmup >= 0", file=sys.stderr)
+    if ns.iters < 1 or ns.warmup < 0 or (ns.threads is not None and ns.threads < 0):
+        print("error: --iters must be >= 1, --warmup >= 0 and --threads >= 0", file=sys.stderr)
         return 2
     try:
         plan = load_plan(ns.plan)
@@ -1224,6 +1249,9 @@ def main(argv: Sequence[str] | None = None, default_plan: str | None = None) -> 
     if dev.type not in ("cpu", "meta") and not (backend is not None and backend.is_available()):
         print(f"error: device {name} is not available", file=sys.stderr)
         return 3
+    threads = replay_threads(plan, dev, ns.threads)
+    if threads is not None:
+        torch.set_num_threads(threads)
     try:
         ex = Executor(plan, dev, seed=ns.seed)
         ex.prepare()
@@ -1238,7 +1266,8 @@ def main(argv: Sequence[str] | None = None, default_plan: str | None = None) -> 
         return 2
     times = ex.time_iterations(ns.iters, ns.warmup)
     c = ex.counts()
-    print(f"ops: {c['total']} total, {c['replayed']} replayed, {sum(c['skipped'].values())} skipped")
+    print(f"ops: {c['total']} total, {c['replayed']} replayed, {sum(c['skipped'].values())} skipped; "
+          f"{torch.get_num_threads()} CPU threads")
     for i, t in enumerate(times):
         print(f"iteration {i}: {t * 1e3:.3f} ms")
     print(f"median: {statistics.median(times) * 1e3:.3f} ms")

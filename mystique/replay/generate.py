@@ -127,7 +127,8 @@ def _recompute_nbytes(plan: Plan) -> None:
 
 def obfuscate(plan: Plan) -> Plan:
     """Strip what could name the model: scopes (module and ``## ... ##`` labels), the source file,
-    the capture host/device description, and every argument of skipped ops; op names stay."""
+    the capture host/device description, the captured workload's name (``subject``) and every
+    argument of skipped ops; op names stay."""
     for op in plan.ops:
         op["scope"] = ""
         if op["action"] != "call":
@@ -135,6 +136,7 @@ def obfuscate(plan: Plan) -> Plan:
     meta = plan.metadata
     meta["source"] = "obfuscated"
     meta["captured_on"] = None
+    meta["subject"] = None
     meta["obfuscated"] = True
     meta["transforms"].append({"obfuscate": True})
     return plan

@@ -638,6 +638,21 @@ def capture_step_ms(capture: dict[str, Any] | None) -> float | None:
     return None
 
 
+def capture_subject(capture: dict[str, Any] | None) -> str | None:
+    """What ``capture.json`` says was captured: ``workload/config/mode`` for a built-in workload, the
+    ``package.module:function`` of a user's step, else its ``target``; None without one."""
+    if not capture:
+        return None
+    w, cfg, mode = capture.get("workload"), capture.get("config"), capture.get("mode")
+    if isinstance(w, str) and w:
+        return "/".join(str(x) for x in (w, cfg, mode) if x)
+    for key in ("function", "target"):
+        v = capture.get(key)
+        if isinstance(v, str) and v:
+            return v
+    return None
+
+
 def find_kineto(trace_path: str | os.PathLike) -> Path | None:
     p = Path(trace_path)
     folder = p if p.is_dir() else p.parent
@@ -694,6 +709,7 @@ def build_plan(
         "original_step_ms": capture_step_ms(capture),
         "original_threads": (capture or {}).get("threads"),
         "captured_on": (capture or {}).get("device_name"),
+        "subject": capture_subject(capture),
         "transforms": [],
     }
     data = {

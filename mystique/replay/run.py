@@ -175,25 +175,66 @@ def replay(
     force: bool = False,
     op_iters: int | None = None,
     seed: int = 0,
+    threads: int | None = None,
 ) -> tuple[dict[str, Any], Any]:
     """Replay a benchmark dir / ``benchmark.json`` / trace dir / ET file on ``device``.
 
     Runs one untimed probe iteration, ``warmup`` untimed ones, ``iters`` whole iterations timed
     with one synchronisation each (their median is ``replay_step_ms``), then ``op_iters``
-    (default ``min(iters, 3)``) per-op timed passes for ops.csv. Returns ``(summary, results
-    DataFrame)`` and writes ops.csv, summary.json and results.csv into ``out_dir``.
+    (default ``min(iters, 3)``) per-op timed passes for ops.csv. On the CPU it runs with the
+    captured step's thread count (``threads``: see :func:`executor.replay_threads`; torch's setting
+    is restored afterwards). Returns ``(summary, results DataFrame)`` and writes ops.csv,
+    summary.json and results.csv into ``out_dir``.
     """
-    from ..results import write_csv
+    import torch
+
     from ..targets import make_target
 
     if iters < 1 or warmup < 0:
         raise UsageError("--iters must be at least 1 and --warmup at least 0")
+    if threads is not None and threads < 0:
+        raise UsageError("--threads must be at least 0")
     check_output_dir(out_dir, force)
     target = make_target(device)
     prog = Progress("replay")
     prog.note(f"reading {source}")
     plan, kind = plan_from_path(source, iteration)
-    subject = Path(str(plan.metadata.get("source") or source)).name or str(source)
+    n = ex.replay_threads(plan.data, torch.device(target.device), threads)
+    before = torch.get_num_threads()
+    if n is not None and n != before:
+        torch.set_num_threads(n)
+    try:
+        return _replay(plan, kind, source, out_dir, target, prog, iters=iters, warmup=warmup, force=force,
+                       op_iters=op_iters, seed=seed)
+    finally:
+        if torch.get_num_threads() != before:
+            torch.set_num_threads(before)
+
+
+def subject_of(plan: Plan, source: str | os.PathLike, kind: str) -> str:
+    """The ``subject`` of a replay's result rows.
+
+    The captured workload (``llama/small/train``, or the user's ``package.module:function``) when
+    the plan knows it (from ``capture.json``); else the benchmark folder's name for a benchmark,
+    the trace folder's name for a trace dir, and the file name for a bare ET file.
+    """
+    named = plan.metadata.get("subject")
+    if isinstance(named, str) and named:
+        return named
+    p = Path(source)
+    if p.is_dir():
+        return p.resolve().name or str(source)
+    if kind == "benchmark" or p.name in ("trace.json", "trace.json.gz"):
+        return p.resolve().parent.name or p.name
+    return p.name or str(source)
+
+
+def _replay(plan: Plan, kind: str, source: str | os.PathLike, out_dir: str | os.PathLike, target: Any,
+            prog: Progress, *, iters: int, warmup: int, force: bool, op_iters: int | None,
+            seed: int) -> tuple[dict[str, Any], Any]:
+    from ..results import write_csv
+
+    subject = subject_of(plan, source, kind)
     n_ext = len(plan.data.get("inputs", []))
     e = make_executor(plan, target.device, seed=seed)
     prog.note(f"{len(plan.ops)} ops, {n_ext} input tensors materialised; peak memory "

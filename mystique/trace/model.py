@@ -140,6 +140,7 @@ LABEL_PREFIXES: tuple[str, ...] = (
     "autograd::engine::",  # "autograd::engine::evaluate_function: MmBackward0"
     "torch::autograd::",  # AccumulateGrad, CppNode<...>, GraphRoot
     "torch::distributed::",  # DDP reducer regions
+    "FSDP::",  # FSDP2 regions: "FSDP::pre_forward", "FSDP::post_backward_reduce", ...
     "torch.distributed.",
     "enumerate(DataLoader)",
     "DistributedDataParallel.",
