@@ -248,6 +248,8 @@ def test_replay_runs_with_the_plan_threads_and_restores_torch_setting(trace_dir,
     data["metadata"]["original_threads"] = 1
     (bench / "benchmark.json").write_text(json.dumps(data))
     assert plan.metadata["original_threads"] == json.loads((trace_dir / "capture.json").read_text())["threads"]
-    replay(bench, tmp_path / "r", iters=2, warmup=0, op_iters=1)
+    _summary, df = replay(bench, tmp_path / "r", iters=2, warmup=0, op_iters=1)
     assert seen and set(seen) == {1}
     assert torch.get_num_threads() == before
+    detail = df.set_index("check").loc["replay_step_time", "detail"]
+    assert "1 CPU threads (captured with 1)" in detail

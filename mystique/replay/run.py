@@ -144,7 +144,7 @@ def _results(summary: dict[str, Any], e: ex.Executor, plan: Plan, device: str, s
             detail="weighted by original op times" if plan.metadata.get("original_op_times")
             else "no original op times: every op weighs the same")
     res.add("replay_step_time", subject, "median_ms", summary["replay_step_ms"], unit="ms", status="pass", dtype=dtype,
-            detail=f"median of {iters} whole iterations after {warmup} warm-up; seed {seed}")
+            detail=f"median of {iters} whole iterations after {warmup} warm-up; {_threads_note(plan, device)}seed {seed}")
     ratio = summary["ratio"]
     if ratio is None:
         why = ("original step time unknown" if summary["original_step_ms"] is None else
@@ -162,6 +162,15 @@ def _results(summary: dict[str, Any], e: ex.Executor, plan: Plan, device: str, s
     res.add("replay_peak_memory", subject, "bytes", e.peak_bytes(), unit="B", status="pass",
             detail="late-allocation / early-free schedule of the plan")
     return res.frame()
+
+
+def _threads_note(plan: Plan, device: str) -> str:
+    if str(device).split(":")[0] != "cpu":
+        return ""
+    import torch
+
+    orig = plan.metadata.get("original_threads")
+    return f"{torch.get_num_threads()} CPU threads" + (f" (captured with {orig})" if orig else "") + "; "
 
 
 def replay(
