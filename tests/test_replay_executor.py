@@ -429,3 +429,21 @@ def test_zipf_recipe_concentrates_draws_on_few_scattered_values_like_real_catego
                           "segments": [[0, 5000, 1, 0, 50_000], [5000, 5000, 1, 0, 7]]})
     assert int(seg[:5000].max()) < 50_000 and int(seg[5000:].max()) < 7
     assert torch.unique(seg[:5000]).numel() < 0.6 * 5000
+
+
+def test_cpu_replay_primes_the_host_allocator_with_the_largest_storage_first(monkeypatch):
+    """A fresh replay process frees one block as large as the plan's largest storage before it runs,
+    so that glibc recycles large intermediates from its heap as the captured (long-lived) process
+    did, instead of faulting their pages in every iteration."""
+    calls = []
+    monkeypatch.setattr(ex, "prime_host_allocator", lambda n: calls.append(n))
+    pm = PlanMaker()
+    x = pm.tensor(pm.storage(4 * 1000), [1000])
+    y = pm.out([3000])
+    pm.op("aten::repeat", "default", [T(x), [3]], outputs=[T(y)])
+    ex.Executor(pm.plan(), "cpu").prepare()
+    assert calls == [12_000]
+    ex.Executor(pm.plan(), "meta").prepare()
+    assert calls == [12_000]  # not for the meta device (nor accelerators)
+    monkeypatch.undo()
+    ex.prime_host_allocator(64 << 20)  # capped below glibc's 32 MiB limit: allocates and frees, no error

@@ -509,6 +509,29 @@ def replay_threads(plan: dict[str, Any], device: torch.device, requested: int | 
     return max(1, min(want, cores))
 
 
+# glibc's cap on its dynamic mmap threshold (DEFAULT_MMAP_THRESHOLD_MAX on 64-bit hosts)
+_MALLOC_DYNAMIC_MMAP_MAX = 32 << 20
+
+
+def prime_host_allocator(nbytes: int) -> None:
+    """Allocate and free one host block of ``nbytes`` (capped just below 32 MiB), before a CPU replay.
+
+    glibc serves blocks above its mmap threshold (128 KiB at start) with a fresh ``mmap``, and raises
+    the threshold (and the heap-trim threshold, to twice that) to the size of the largest such block
+    freed so far, up to 32 MiB. The captured step was timed in a process that had built its model
+    and freed temporaries as large as its parameters, so its large intermediates were recycled from
+    the heap; a fresh replay process has freed nothing yet, so its heap is trimmed and regrown and
+    every page of those intermediates faults again, each iteration (bert/small/infer: 15k instead of
+    8k minor faults a step, about 4% of the step). Freeing one block as large as the plan's largest
+    storage puts the replay's allocator in the state the original's was in. Elsewhere (another
+    malloc, a caching allocator) it is one allocation and one free.
+    """
+    n = min(int(nbytes), _MALLOC_DYNAMIC_MMAP_MAX - (64 << 10))
+    if n >= 1 << 20:
+        block = torch.empty(n, dtype=torch.uint8)
+        del block
+
+
 def synchronize(device: torch.device) -> None:
     if device.type == "cpu" or device.type == "meta":
         return
@@ -892,6 +915,8 @@ class Executor:
             avail = available_memory(self.device)
             if avail is not None and self.peak_bytes() > avail:
                 raise InsufficientMemory(self.peak_bytes(), avail, str(self.device))
+        if self.device.type == "cpu":
+            prime_host_allocator(max((int(s["nbytes"]) for s in self.plan["storages"]), default=0))
         torch.manual_seed(self.seed)
         self._fallbacks = 0
         bufs: dict[int, torch.Tensor] = {}
