@@ -16,7 +16,6 @@ naming a function of no arguments that returns a callable doing one step.
 from __future__ import annotations
 
 import contextlib
-import importlib
 import json
 import os
 import platform
@@ -33,6 +32,7 @@ from typing import Any
 from .errors import EnvironmentUnsupported, UsageError
 from .io import atomic_write_text, check_output_dir, staged_output_dir
 from .progress import Progress
+from .refs import import_callable
 from .results import Results, RunContext, utc_now, write_csv
 from .targets import Target, check_device
 
@@ -79,13 +79,7 @@ def resolve_step(
             "or package.module:function"
         )
     module_name, _, func_name = target.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise UsageError(f"cannot import module {module_name!r} of capture target {target!r}: {exc}") from exc
-    factory = getattr(module, func_name, None)
-    if not callable(factory):
-        raise UsageError(f"capture target {target!r}: module {module_name!r} has no callable {func_name!r}")
+    factory = import_callable(module_name, func_name, f"capture target {target!r}")
     torch.manual_seed(seed)
     step = factory()
     if not callable(step):

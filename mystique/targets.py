@@ -9,7 +9,6 @@ is how a user plugs in a custom backend or a fault simulation (``--inject SPEC``
 from __future__ import annotations
 
 import contextlib
-import importlib
 import os
 import platform
 import re
@@ -18,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import EnvironmentUnsupported, UsageError
+from .refs import import_callable
 
 ModeFactory = Callable[[], Any]
 _DEVICE_RE = re.compile(r"^(cpu|cuda|xpu|mps|hpu|mtia|privateuseone|meta)(:\d+)?$")
@@ -120,14 +120,7 @@ def resolve_inject(spec: str) -> ModeFactory:
         raise UsageError(
             f"--inject {spec!r} is neither a built-in fault simulation ({known}) nor package.module:factory"
         )
-    try:
-        module = importlib.import_module(head)
-    except ImportError as exc:
-        raise UsageError(f"--inject {spec!r}: cannot import module {head!r}: {exc}") from exc
-    factory = getattr(module, tail, None)
-    if not callable(factory):
-        raise UsageError(f"--inject {spec!r}: module {head!r} has no callable {tail!r}")
-    return factory
+    return import_callable(head, tail, f"--inject {spec!r}")
 
 
 def make_target(device: str = "cpu", inject: str | None = None) -> Target:
