@@ -154,7 +154,9 @@ def _label(r: Any, multi: bool, *parts: str) -> str:
     return f"[{r}] {text}" if multi else text
 
 
-def _all_rows_table(df: pd.DataFrame, multi: bool, suite: str) -> dict[str, Any]:
+def _rows_table(df: pd.DataFrame, multi: bool, *, cls: str, caption: str = "",
+                attrs: dict[str, str] | None = None) -> dict[str, Any]:
+    """Every column a reader needs of each results row (run number first when several runs)."""
     headers: list[Any] = [("run", "")] if multi else []
     headers += [
         "check",
@@ -182,7 +184,7 @@ def _all_rows_table(df: pd.DataFrame, multi: bool, suite: str) -> dict[str, Any]
             cell(r.detail, "detail"),
         ]
         body.append(row(cells, f"row-{r.status}"))
-    return table(headers, body, cls="results-all", attrs={"data-suite": suite})
+    return table(headers, body, cls=cls, caption=caption, attrs=attrs)
 
 
 def _metric_groups(df: pd.DataFrame, main: Callable[[str, str], bool]) -> list[dict[str, Any]]:
@@ -624,33 +626,7 @@ def _soft_error_blocks(df: pd.DataFrame, multi: bool, ids: _Ids) -> list[dict[st
                 "Extra time of the protected operator over the unprotected one, measured side by side.",
             )
         )
-        body = []
-        for r in over.itertuples():
-            cells = [cell(r.run_no)] if multi else []
-            cells += [
-                cell(r.check),
-                cell(r.subject),
-                cell(r.dtype),
-                cell(r.metric),
-                num(r.value),
-                cell(r.unit),
-                num(r.threshold),
-                status_cell(r.status),
-                cell(r.detail, "detail"),
-            ]
-            body.append(row(cells, f"row-{r.status}"))
-        headers = (["run"] if multi else []) + [
-            "check",
-            "subject",
-            "dtype",
-            "metric",
-            ("value", "num"),
-            "unit",
-            ("threshold", "num"),
-            "status",
-            "detail",
-        ]
-        blocks.append(table(headers, body, cls="overheads", caption="Checker overheads"))
+        blocks.append(_rows_table(over, multi, cls="overheads", caption="Checker overheads"))
     return blocks
 
 
@@ -905,7 +881,7 @@ def render_html(inputs: ReportInputs | pd.DataFrame, *, title: str | None = None
             special = _SUITE_BLOCKS[suite](sdf, multi, ids)
         else:
             special = []
-        all_rows = _all_rows_table(sdf, multi, suite)
+        all_rows = _rows_table(sdf, multi, cls="results-all", attrs={"data-suite": suite})
         blocks = special + [
             details(
                 f"All {len(sdf)} {SUITE_TITLES.get(suite, suite).lower()} rows", [all_rows], open_=not special
