@@ -680,20 +680,32 @@ class PlanModule(nn.Module):
             call_args = _fill(args, lambda tid: self._value(env, tid))
             call_kwargs = {k: _fill(v, lambda tid: self._value(env, tid)) for k, v in kwargs.items()}
             res = fn(*call_args, **call_kwargs)
-            flat: list[Any] = []
-            self._ex.Executor._flatten_result(res, flat)
-            if len(flat) != len(outs):
-                flat = [res] if len(outs) == 1 and isinstance(res, torch.Tensor) else [None] * len(outs)
-            for tid, r in zip(outs, flat):
-                if tid is None:
-                    continue
-                t = self.tensors[tid]
-                if (isinstance(r, torch.Tensor) and list(r.shape) == list(t["shape"])
-                        and r.dtype == self._ex.dtype_from_name(t["dtype"])):
+            for tid, r, _got in self._bind(res, outs):
+                if r is not None:
                     env[tid] = r
                 elif hasattr(self, f"s{tid}"):
                     env[tid] = getattr(self, f"s{tid}")
         return tuple(env[t] for t in self.output_ids if t in env)
+
+    def _bind(self, res: Any, outs: Sequence[int | None]) -> list[tuple[int, torch.Tensor | None, str]]:
+        """Pair an op's results with its recorded output ids: ``(tid, result, got)`` where result is
+        None when it disagrees with the recorded shape/dtype (``got`` then describes it)."""
+        flat: list[Any] = []
+        self._ex.Executor._flatten_result(res, flat)
+        if len(flat) != len(outs):
+            flat = [res] if len(outs) == 1 and isinstance(res, torch.Tensor) else [None] * len(outs)
+        bound = []
+        for tid, r in zip(outs, flat):
+            if tid is None:
+                continue
+            t = self.tensors[tid]
+            if (isinstance(r, torch.Tensor) and list(r.shape) == list(t["shape"])
+                    and r.dtype == self._ex.dtype_from_name(t["dtype"])):
+                bound.append((tid, r, ""))
+            else:
+                got = f"{r.dtype}{list(r.shape)}" if isinstance(r, torch.Tensor) else type(r).__name__
+                bound.append((tid, None, got))
+        return bound
 
     def check_results(self) -> None:
         """Run once eagerly; results that disagree with the recorded metadata become constants
@@ -717,19 +729,11 @@ class PlanModule(nn.Module):
                                                       f"{type(exc).__name__}: {_first_line(exc, 160)}")
                             env[tid] = getattr(self, f"s{tid}")
                     continue
-                flat: list[Any] = []
-                self._ex.Executor._flatten_result(res, flat)
-                if len(flat) != len(outs):
-                    flat = [res] if len(outs) == 1 and isinstance(res, torch.Tensor) else [None] * len(outs)
-                for tid, r in zip(outs, flat):
-                    if tid is None:
-                        continue
-                    t = self.tensors[tid]
-                    if (isinstance(r, torch.Tensor) and list(r.shape) == list(t["shape"])
-                            and r.dtype == self._ex.dtype_from_name(t["dtype"])):
+                for tid, r, got in self._bind(res, outs):
+                    if r is not None:
                         env[tid] = r
                     else:
-                        got = f"{r.dtype}{list(r.shape)}" if isinstance(r, torch.Tensor) else type(r).__name__
+                        t = self.tensors[tid]
                         self._substitute(tid, op, f"result {got} disagrees with the recorded "
                                                   f"{t['dtype']}{t['shape']}")
                         env[tid] = getattr(self, f"s{tid}")
