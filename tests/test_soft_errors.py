@@ -7,6 +7,7 @@ import json
 import math
 import random
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -194,8 +195,8 @@ def test_checked_embedding_bag_is_right_quiet_when_clean_and_detects_a_table_fli
         out, rep = abft.checked_quantized_embedding_bag(table, idx, off, mode)
         ref = F.embedding_bag(idx, table.dequantize().double(), off, mode=mode)
     else:
-        aug = abft.augment_table(w)
-        out, rep = abft.checked_embedding_bag(aug, idx, off, mode)
+        table = abft.checked_table(w)
+        out, rep = abft.checked_embedding_bag(table, idx, off, mode)
         ref = F.embedding_bag(idx, w.double(), off, mode=mode)
     assert not rep.alarm, rep.describe()
     assert torch.allclose(out.double(), ref, rtol=1e-5, atol=1e-5)
@@ -205,9 +206,9 @@ def test_checked_embedding_bag_is_right_quiet_when_clean_and_detects_a_table_fli
         bits.flip_bits_(bad, row * bad.shape[1] + 2, [6])
         _, rep = abft.checked_quantized_embedding_bag(abft.QuantizedTable(bad, table.checks, 24), idx, off, mode)
     else:
-        bad = aug.clone()
+        bad = table.weight.clone()
         bits.flip_bits_(bad, row * bad.shape[1] + 2, [29])
-        _, rep = abft.checked_embedding_bag(bad, idx, off, mode)
+        _, rep = abft.checked_embedding_bag(abft.CheckedTable(bad, table.checks), idx, off, mode)
     assert rep.alarm and 1 in rep.rows
 
 
@@ -267,12 +268,12 @@ def test_checked_linear_encodes_a_weight_once_and_again_after_an_update():
        seed=st.integers(0, 2**31))
 def test_embedding_bag_fast_path_reaches_the_exact_verdict(rows, d, lengths, mode, flip, bit, seed):
     g = torch.Generator().manual_seed(seed)
-    aug = abft.augment_table(torch.randn(rows, d, generator=g) * 10 ** (torch.rand(rows, 1, generator=g) * 4 - 2))
+    clean = abft.checked_table(torch.randn(rows, d, generator=g) * 10 ** (torch.rand(rows, 1, generator=g) * 4 - 2))
     idx = torch.randint(0, rows, (sum(lengths),), generator=g)
     off = torch.tensor([0, *torch.tensor(lengths).cumsum(0)[:-1].tolist()])
-    table = aug.clone()
+    table = abft.CheckedTable(clean.weight.clone(), clean.checks)
     if flip and idx.numel():
-        bits.flip_bits_(table, int(idx[0]) * (d + 2), [bit])
+        bits.flip_bits_(table.weight, int(idx[0]) * d, [bit])
     fast = abft.checked_embedding_bag(table, idx, off, mode)[1]
     exact = abft.checked_embedding_bag(table, idx, off, mode, exact_ratio=True)[1]
     assert (fast.alarm, fast.rows) == (exact.alarm, exact.rows)
@@ -381,3 +382,44 @@ def test_clean_campaign_raises_no_alarm():
     outs = [fn(i) for i in range(450)]
     assert {o["op"] for o in outs} == set(campaign.CLEAN_OPS)
     assert not [o for o in outs if o["alarm"]]
+
+
+@settings(max_examples=80, deadline=None)
+@given(rows=st.integers(1, 50), lengths=st.lists(st.integers(0, 12), min_size=1, max_size=12),
+       mode=st.sampled_from(["sum", "mean"]), weighted=st.booleans(), seed=st.integers(0, 2**31))
+def test_pooled_reference_equals_an_fp64_embedding_bag_for_any_bag_layout(rows, lengths, mode, weighted, seed):
+    # empty bags first, in the middle and last, uniform and ragged layouts: the gathered reference
+    # (index_select + fp64 reshape-sum or reduceat) is the fp64 EmbeddingBag of the row-sum column
+    g = torch.Generator().manual_seed(seed)
+    col = torch.randn(rows, 1, generator=g)
+    idx = torch.randint(0, rows, (sum(lengths),), generator=g)
+    off = torch.tensor([0, *torch.tensor(lengths).cumsum(0)[:-1].tolist()])
+    psw = torch.rand(idx.numel(), generator=g) if weighted and mode == "sum" else None
+    got, fp64 = abft._pooled(col, idx, off, mode, len(lengths), psw)
+    ref = F.embedding_bag(idx, col.double(), off, mode=mode,
+                          per_sample_weights=psw.double() if psw is not None else None)[:, 0]
+    assert got.shape == (len(lengths),)
+    # fp64 sums (ragged bags) agree to fp64 rounding; fp32 sums (uniform bags) within the gamma bound
+    mag = F.embedding_bag(idx, col.double().abs(), off, mode=mode,
+                          per_sample_weights=psw.double() if psw is not None else None)[:, 0].numpy()
+    u = 2.0**-53 if fp64 else 2.0**-24
+    weight_rounding = 2.0**-24 if psw is not None else 0.0  # the fp32 product psw * rowsum
+    assert (np.abs(got - ref.numpy()) <= ((max(lengths) + 2) * u + weight_rounding) * mag + 1e-300).all()
+    assert fp64 or len(set(lengths)) == 1
+
+
+@pytest.mark.parametrize("value", [1e20, 3e38, math.inf, math.nan])
+def test_a_bag_output_corrupted_beyond_the_norms_range_is_flagged_not_waved_through(value):
+    # the cheap threshold is read from the output itself: a corrupted value whose square overflows
+    # must make that bound "no verdict", never a clean one
+    g = torch.Generator().manual_seed(5)
+    table = abft.checked_table(torch.randn(200, 64, generator=g))
+    idx, off = torch.randint(0, 200, (120,), generator=g), torch.arange(0, 120, 10)
+    out, rep = abft.checked_embedding_bag(table, idx, off)
+    assert not rep.alarm
+    bad = out.clone()
+    bad[3, 5] = value
+    rep = abft.verify_bag_output(bad, table.checks, idx, off, "sum")
+    assert (rep.alarm and 3 in rep.rows) or not rep.checked, rep.describe()
+    if math.isfinite(value):
+        assert rep.alarm and rep.rows == [3]

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import math
+import statistics
+
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from mystique.validators import soft_errors
 from mystique.validators.soft_errors import inject, sdc
 
@@ -96,6 +101,29 @@ def test_cli_rejects_bad_input_with_exit_2(tmp_path, capsys):
     assert main(["validate", "soft-errors", "-o", str(tmp_path / "y"), "--inject", "nope"]) == 2
 
 
+def test_cli_overhead_options_choose_the_sizes_and_tables_that_are_timed(tmp_path):
+    out = tmp_path / "ov"
+    rc = main(["-q", "validate", "soft-errors", "-o", str(out), "--group", "overhead", "--overhead-sizes", "32,48",
+               "--overhead-tables", "300x8,200x16x4x5", "--overhead-reps", "3"])
+    df = read_csv(out / "results.csv")
+    assert rc in (0, 1) and set(df.check) == {"overhead"}
+    subjects = set(df.subject)
+    assert {"gemm_32", "gemm_48", "embedding_bag_300x8_b2048_l40", "embedding_bag_200x16_b4_l5"} <= subjects
+    assert not any(s.endswith("_1024") for s in subjects)
+    assert "median of 3 paired ratios" in df.set_index("subject").detail["gemm_32"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--overhead-sizes", "0,12"], "--overhead-sizes needs positive integers"),
+    (["--overhead-tables", "100x64x8"], "is not ROWSxDIM or ROWSxDIMxBAGSxLEN"),
+    (["--overhead-reps", "1"], "--overhead-reps"),
+])
+def test_cli_rejects_bad_overhead_options_with_exit_2_and_writes_nothing(tmp_path, capsys, args, message):
+    out = tmp_path / "bad"
+    assert main(["validate", "soft-errors", "-o", str(out), "--group", "overhead", *args]) == 2
+    assert message in capsys.readouterr().err and not out.exists()
+
+
 def test_bitflip_mode_registers_as_a_fault_spec():
     from mystique.faults import FaultSpec
 
@@ -119,18 +147,55 @@ def test_thirty_thousand_clean_checked_ops_raise_no_alarm(tmp_path):
     assert not df.status.isin(["fail", "error"]).any()
 
 
-def test_time_interleaved_rotates_the_order_and_prepares_each_round():
+@settings(max_examples=60, deadline=None)
+@given(values=st.lists(st.floats(0.5, 2.0), min_size=1, max_size=120, unique=True))
+def test_median_interval_holds_the_median_with_at_least_95_percent_binomial_coverage(values):
     from mystique.validators.soft_errors import overhead
 
-    calls: list[str] = []
-    prepared: list[int] = []
-    fns = {k: (lambda k=k: calls.append(k)) for k in ("a", "b", "c")}
-    t = overhead.time_interleaved(fns, 4, device="cpu", threads=1, sync=lambda: None, prepare=prepared.append)
-    assert prepared == [-1, 0, 1, 2, 3]
-    assert calls[:6] == ["a", "a", "b", "b", "c", "c"]  # warm-up
-    rounds = [calls[6 + 3 * r: 9 + 3 * r] for r in range(4)]
-    assert rounds == [["a", "b", "c"], ["b", "c", "a"], ["c", "a", "b"], ["a", "b", "c"]]
-    assert t.reps == 4 and set(t.median) == {"a", "b", "c"} and t.clock == "thread CPU time"
+    lo, hi = overhead.median_interval(values)
+    xs, n = sorted(values), len(values)
+    assert lo <= statistics.median(values) <= hi
+    k = xs.index(lo)  # 0-based rank of the lower end; the upper end is the mirror rank
+    assert hi == xs[n - 1 - k]
+    miss = sum(math.comb(n, j) for j in range(k + 1)) / 2.0**n  # P(Binomial(n, 1/2) <= k)
+    if n >= 6:
+        assert 1 - 2 * miss >= 0.95  # [x_(k), x_(n-1-k)] covers the median
+        tighter = miss + math.comb(n, k + 1) / 2.0**n
+        assert 1 - 2 * tighter < 0.95  # and is the narrowest such pair of ranks
+
+
+def test_overhead_is_the_median_of_paired_ratios_not_a_ratio_of_medians():
+    from mystique.validators.soft_errors import overhead
+
+    # a host that slows down halfway: each round's pair shares the slowdown
+    base = [1.0] * 5 + [3.0] * 6
+    checked = [1.02] * 5 + [3.06] * 6
+    t = overhead.Timings({"b": base, "c": checked}, {"b": base, "c": checked}, 11, "test", 1e-9)
+    assert t.overhead("c", "b") == pytest.approx(0.02)
+    lo, hi = t.interval("c", "b")
+    assert lo == pytest.approx(0.02) and hi == pytest.approx(0.02)
+
+
+def test_time_interleaved_runs_every_function_once_per_round_in_seeded_random_orders():
+    from mystique.validators.soft_errors import overhead
+
+    def record(seed: int) -> tuple[list[str], list[int], overhead.Timings]:
+        calls: list[str] = []
+        prepared: list[int] = []
+        fns = {k: (lambda k=k: calls.append(k)) for k in ("a", "b", "c", "d")}
+        t = overhead.time_interleaved(fns, 24, device="cpu", threads=1, sync=lambda: None,
+                                      prepare=prepared.append, seed=seed)
+        return calls, prepared, t
+
+    calls, prepared, t = record(3)
+    assert prepared == [-1, *range(24)]
+    assert calls[:8] == ["a", "a", "b", "b", "c", "c", "d", "d"]  # warm-up
+    rounds = [calls[8 + 4 * r: 12 + 4 * r] for r in range(24)]
+    assert all(sorted(r) == ["a", "b", "c", "d"] for r in rounds)  # each once per round
+    followers = {(r[i], r[i + 1]) for r in rounds for i in range(3)}
+    assert len({tuple(r) for r in rounds}) > 6 and len(followers) == 12  # no fixed neighbour
+    assert record(3)[0] == calls and record(4)[0] != calls  # reproducible from the seed
+    assert t.reps == 24 and set(t.median) == {"a", "b", "c", "d"} and t.clock == "thread CPU time"
 
 
 def test_overhead_group_times_the_product_paths_with_an_aa_control():
@@ -149,4 +214,4 @@ def test_overhead_group_times_the_product_paths_with_an_aa_control():
     assert set(aa) == {"timing_resolution_48", "timing_resolution_1024", f"timing_resolution_{shape}"}
     detail = ov.detail["gemm_1024"]
     assert "thread CPU time, 1 thread(s)" in detail and "load average" in detail and "A/A resolution" in detail
-    assert "median of 2 interleaved reps" in ov.detail[f"embedding_bag_{shape}"]  # tables: twice the rounds
+    assert "median of 2 paired ratios" in ov.detail[f"embedding_bag_{shape}"]  # tables: twice the rounds

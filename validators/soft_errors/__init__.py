@@ -4,9 +4,10 @@ injection, statistical campaigns, Parameter Vulnerability Factor and SDC screeni
 ``run(target, level=..., seed=..., groups=..., out_dir=...) -> DataFrame`` and ``groups(level)``
 are the validator contract; the pieces are usable on their own:
 
-* :mod:`.abft`     ``checked_mm``, ``checked_linear``, ``checked_embedding_bag``,
-                   ``checked_quantized_embedding_bag`` -> ``(result, CheckReport)``; ``encode_linear`` /
-                   ``verify_linear`` (a Linear's weight side encoded once)
+* :mod:`.abft`     ``checked_mm``, ``checked_linear``, ``checked_embedding_bag`` (over a
+                   ``checked_table``), ``checked_quantized_embedding_bag`` -> ``(result, CheckReport)``;
+                   ``encode_linear`` / ``verify_linear`` (a Linear's weight side encoded once);
+                   ``verify_bag_output`` (any EmbeddingBag output against ``EmbeddingChecks``)
 * :mod:`.overhead` interleaved side-by-side timing of the checked paths (the ``overhead`` group)
 * :mod:`.protect`  ``protect(model)`` -> Guard (hooks on every Linear/Embedding/EmbeddingBag)
 * :mod:`.bits`     exact bit flips and bit classes per dtype
@@ -16,14 +17,17 @@ are the validator contract; the pieces are usable on their own:
 """
 
 from .abft import (
+    CheckedTable,
     CheckReport,
+    EmbeddingChecks,
     QuantizedTable,
-    augment_table,
     checked_embedding_bag,
     checked_linear,
     checked_mm,
     checked_quantized_embedding_bag,
+    checked_table,
     encode_linear,
+    verify_bag_output,
     verify_linear,
 )
 from .bits import FlipRecord, bit_classes, flip_bits_
@@ -33,7 +37,8 @@ from .runner import GROUPS, groups, run
 from .stats import wilson
 
 __all__ = [
-    "GROUPS", "BitFlipMode", "CheckReport", "FlipRecord", "QuantizedTable", "augment_table", "bit_classes",
-    "bitflip_mode", "checked_embedding_bag", "checked_linear", "checked_mm", "checked_quantized_embedding_bag",
-    "encode_linear", "flip_bits_", "groups", "protect", "run", "verify_linear", "wilson",
+    "GROUPS", "BitFlipMode", "CheckReport", "CheckedTable", "EmbeddingChecks", "FlipRecord", "QuantizedTable",
+    "bit_classes", "bitflip_mode", "checked_embedding_bag", "checked_linear", "checked_mm",
+    "checked_quantized_embedding_bag", "checked_table", "encode_linear", "flip_bits_", "groups", "protect", "run",
+    "verify_bag_output", "verify_linear", "wilson",
 ]

@@ -47,25 +47,25 @@ erase but that stays below that bound. ``check_rounded=True`` does exactly that,
 
 int8 GEMMs accumulate in int32 and are checked exactly (int64 row and column checksums, equality).
 
-EmbeddingBag over an fp32 table ``W`` (R x D) runs once over the augmented table
-``[W | W 1 | |W| 1]`` (R x (D+2), built once by :func:`augment_table`): the two extra columns give,
-in the same pass, the reference checksum of each bag and the magnitude its rounding error is bounded
-by (``thr_b = lam * u * (L_b + D + 4) * sum_{l in bag} sum_d |w_ld|``, the classic gamma bound). One
-small product reads the (bags x (D+2)) result once for the three columns; the bag lengths ``L_b``
-are only computed when some bag fails the threshold taken with ``L_b = 0``. The price is in the
-gather: a looked-up row of D+2 floats touches one more 64-byte cache line than a row of D (D a
-multiple of 16), i.e. 16/D more memory traffic (25% at D = 64, 12.5% at D = 128, 6% at D = 256);
-a separate checksum table costs a second pass over the indices instead.
-8-bit row-wise quantized tables (per-row scale and bias, the fbgemm layout) keep their checksums in
-a separate R x 2 fp32 table gathered with the same indices: the row sum of a dequantized row is not
-of the form ``scale * q + bias`` for a code q, so it cannot ride along in the row as an extra code.
+EmbeddingBag (fp32 tables, and 8-bit row-wise quantized tables with per-row scale and bias in the
+fbgemm layout; sum and mean pooling) is checked against per-row checksums ``W 1`` computed in fp64
+when the table is built (:func:`checked_table`, :class:`QuantizedTable`): the bag's reference is the
+same lookup pooled over the R x 1 row-sum table, compared with the sum of the bag's output. The
+threshold is the classic gamma bound ``lam u (L_b + D + c) sum_{l in bag} sum_d |w_ld|``; its
+magnitude term needs a second gather, so the verdict is first taken with a lower bound of it read
+from the output itself, ``sum_d |out_bd|`` (triangle inequality), and the magnitudes and bag lengths
+are gathered only for calls where a bag fails that (see :func:`verify_bag_output`).
+The cost is one more random 4-byte read per index. Two layouts that look cheaper were measured
+slower or blind on this CPU: checksum columns appended to the fp32 rows (``[W | W1 | |W|1]``, one
+gather) touch one more cache line per row when D is a multiple of 16 (+25% traffic at D = 64), and
+checksum codes appended to an 8-bit row are dequantized with the row's own scale and bias, so a
+flip of those moves the reference with the result and goes unseen.
 """
 
 from __future__ import annotations
 
 import math
 import weakref
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -181,7 +181,7 @@ class RowChecks:
     def r_norm(self) -> float:
         """``||r||`` (one pass over B), cached."""
         if self.rnorm is None:
-            r = _host(torch.linalg.vector_norm(self.b, ord=1, dim=1))
+            r = _host(self.b.abs().sum(1))  # (vector_norm with ord=1 along a dim is ~10x slower on the CPU)
             sq = float(np.square(r).sum())
             if self.v is not None:
                 sq += float(np.abs(_host(self.v)).sum()) ** 2
@@ -278,6 +278,22 @@ def gemm_factor(k: int, m: int, n: int, u: float, lam: float) -> float:
     return lam * u * (math.sqrt(k) + math.log2(max(m, n, 2)) + math.log2(max(k, 2)) + 2.0)
 
 
+_CONSTANTS: dict[tuple[Any, ...], tuple[float, float, float]] = {}
+
+
+def _gemm_constants(k: int, m: int, n: int, u: float, lam: float, u_out: float, dtype: torch.dtype
+                    ) -> tuple[float, float, float]:
+    """``(factor, det, tiny)`` of the GEMM threshold for one shape (cached: a few microseconds per call)."""
+    key = (k, m, n, u, lam, u_out, dtype)
+    hit = _CONSTANTS.get(key)
+    if hit is None:
+        if len(_CONSTANTS) >= 4 * _MAX_CACHED:
+            _CONSTANTS.clear()
+        hit = _CONSTANTS[key] = (gemm_factor(k, m, n, u, lam) + u_out, u * (k + math.log2(max(m, n, 2)) + 2.0),
+                                 float(torch.finfo(dtype).tiny) * (k + m + n))
+    return hit
+
+
 def _verify_rows(rc: RowChecks, c: torch.Tensor, *, u: float, lam: float, u_out: float, exact_ratio: bool = False
                  ) -> tuple[list[int], float, bool]:
     """Flagged rows (first 16), the largest ratio and whether a verdict was possible.
@@ -288,27 +304,30 @@ def _verify_rows(rc: RowChecks, c: torch.Tensor, *, u: float, lam: float, u_out:
     if m == 0:
         return [], 0.0, True
     k = rc.k
-    factor = gemm_factor(k, m, n, u, lam) + u_out
-    det = u * (k + math.log2(max(m, n, 2)) + 2.0)
-    tiny = float(torch.finfo(c.dtype).tiny) * (k + m + n)
+    factor, det, tiny = _gemm_constants(k, m, n, u, lam, u_out, c.dtype)
     got = _host(check_weights(n, c.device, c.dtype) @ c.t(), f64=False)  # (2, M): one pass over C
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
         diff = np.abs(got - rc.ref).max(0)
         refabs = np.abs(rc.ref)
-        base = refabs[0] * det + tiny  # the same-sign term, exact
         vn = np.maximum(rc.vnorm, tiny)
         vmax = float(vn.max())
         if exact_ratio:
             cand = np.arange(m)
             ratio = np.full(m, np.nan)
         else:
-            # lower bound of ||a_i|| ||r||; (1 - 2^-16) keeps it one despite rounding
-            lb = (refabs / vn[:, None]).max(0) * (vmax * factor * (1.0 - 2.0**-16))
-            ratio = diff / (base + lb)
+            # A lower bound of the threshold in few operations (they run with cold caches right after
+            # the product): ||a_i|| ||r|| >= |ref_wi| ||r|| / ||B w|| >= |ref_wi| vmax / vn_w, and
+            # det |ref_0i| + max_w(.) >= max((det + c_0) |ref_0i|, c_1 |ref_1i|); (1 - 2^-16) keeps it
+            # a lower bound despite its own rounding.
+            cw = (vmax * factor * (1.0 - 2.0**-16)) / vn
+            lbt = np.maximum(refabs[0] * (det + cw[0]), refabs[1] * cw[1])
+            lbt += tiny
+            ratio = diff / lbt
             worst = float(ratio.max())  # NaN when anything is not finite
             if worst <= 1.0:
                 return [], worst, True
             cand = np.flatnonzero(~(ratio <= 1.0))
+        base = refabs[0] * det + tiny  # the same-sign term, exact
         d_c, base_c = diff[cand], base[cand]
         na = rc.row_norms(cand)
         thr = base_c + na * (factor * vmax)
@@ -501,90 +520,158 @@ def checked_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
 
 # ----------------------------------------------------------------------------- EmbeddingBag
 
-def augment_table(weight: torch.Tensor) -> torch.Tensor:
-    """``[W | W 1 | |W| 1]`` (R x (D+2), fp32): the table with its row checksum and magnitude columns."""
+@dataclass
+class EmbeddingChecks:
+    """Per-row checksums of an embedding table, computed in fp64 and stored as fp32 (R x 1 each).
+
+    ``rowsum`` is ``W 1`` (gathered with the lookup's indices for the reference of every bag),
+    ``absum`` ``|W| 1`` (gathered only when a bag fails the cheap threshold, for the exact one).
+    Two separate contiguous tables, so that the reference gather reads 4 bytes per index.
+    """
+
+    rowsum: torch.Tensor
+    absum: torch.Tensor
+
+    @classmethod
+    def from_rows(cls, rowsum: torch.Tensor, absum: torch.Tensor) -> EmbeddingChecks:
+        return cls(rowsum.to(torch.float32).reshape(-1, 1).contiguous(),
+                   absum.to(torch.float32).reshape(-1, 1).contiguous())
+
+    @classmethod
+    def of(cls, weight: torch.Tensor) -> EmbeddingChecks:
+        """Checksums of a floating-point (R x D) table."""
+        if weight.dim() != 2 or not weight.is_floating_point():
+            raise UsageError(f"embedding checksums need a 2-D floating-point table, got {tuple(weight.shape)} "
+                             f"{weight.dtype}")
+        w64 = weight.detach().double()
+        return cls.from_rows(w64.sum(1), w64.abs().sum(1))
+
+
+@dataclass
+class CheckedTable:
+    """An fp32 embedding table with its :class:`EmbeddingChecks` (built once by :func:`checked_table`)."""
+
+    weight: torch.Tensor
+    checks: EmbeddingChecks
+
+    @property
+    def dim(self) -> int:
+        return self.weight.shape[1]
+
+
+def checked_table(weight: torch.Tensor) -> CheckedTable:
+    """Wrap an fp32 (R x D) table for :func:`checked_embedding_bag` (checksums computed in fp64)."""
     if weight.dim() != 2 or weight.dtype != torch.float32:
-        raise UsageError(f"augment_table needs a 2-D float32 table, got {tuple(weight.shape)} {weight.dtype}")
-    w64 = weight.detach().double()
-    extra = torch.stack([w64.sum(1), w64.abs().sum(1)], dim=1).to(torch.float32)
-    return torch.cat([weight.detach(), extra], dim=1).contiguous()
+        raise UsageError(f"checked_table needs a 2-D float32 table, got {tuple(weight.shape)} {weight.dtype}")
+    return CheckedTable(weight.detach(), EmbeddingChecks.of(weight))
 
 
 def _bag_lengths(indices: torch.Tensor, offsets: torch.Tensor, n_bags: int) -> torch.Tensor:
     return torch.diff(offsets[:n_bags], append=offsets.new_full((1,), indices.numel())) if n_bags else offsets[:0]
 
 
-def _verify_bag_columns(cols: np.ndarray, exact: Callable[[], np.ndarray] | None,
-                        lengths: torch.Tensor | Callable[[], torch.Tensor], d: int, extra: float, lam: float | None,
-                        op: str, dtype: str, shape: tuple[int, ...], exact_ratio: bool = False) -> CheckReport:
-    """The bag check on host columns ``[got; ref; absum]`` (3 x bags, fp64).
+_TINY32 = float(torch.finfo(torch.float32).tiny)
 
-    ``|got - ref| <= lam u (L_b + d + extra) absum_b`` per bag. ``lengths`` (bag lengths, or a
-    function computing them) is only needed when some bag fails the threshold taken with
-    ``L_b = 0``, a lower bound of the real one (or always, with ``exact_ratio``). ``exact`` recomputes
-    the columns without the shortcut that made them (called when a column is not finite).
+
+def _pooled(col: torch.Tensor, idx: torch.Tensor, off: torch.Tensor | None, mode: str, n_bags: int,
+            psw: torch.Tensor | None) -> tuple[np.ndarray, bool]:
+    """Per-bag pooling of a per-row column ``col`` (R x 1) over the lookup, on the host, and whether
+    it was summed in fp64 (True) or in fp32 (False).
+
+    On the CPU the column is gathered with ``index_select`` (4 bytes per index, about half the cost
+    of a second EmbeddingBag call) and the bags summed by a reshape in fp32 when they are uniform,
+    else in fp64 by ``np.add.reduceat``; elsewhere an EmbeddingBag over the column does both.
+    """
+    if mode == "none":
+        return _host(col.index_select(0, idx.reshape(-1))[:, 0]), True
+    if col.device.type != "cpu":
+        return _host(F.embedding_bag(idx, col, off, mode=mode, per_sample_weights=psw)[:, 0]), False
+    n = idx.numel()
+    vals = col[:, 0].index_select(0, idx)
+    if psw is not None:
+        vals = vals * psw.to(vals.dtype)
+    starts = off.numpy()[:n_bags]
+    step = n // n_bags if n_bags else 0
+    if step and n == n_bags * step and np.array_equal(starts, np.arange(0, n, step)):  # uniform bags
+        sums = _host(vals.view(n_bags, step).sum(1))
+        return (sums / step if mode == "mean" else sums), False
+    lens = np.diff(starts, append=n)
+    sums, fp64 = np.zeros(n_bags), True
+    if n_bags:
+        live = int(np.searchsorted(starts, n, side="left"))  # bags starting before the end (the rest are empty)
+        if live:  # reduceat sums [start_i, start_i+1) and the last live bag to the end of the indices
+            sums[:live] = np.add.reduceat(vals.numpy(), starts[:live], dtype=np.float64)
+        sums[lens <= 0] = 0.0  # reduceat gives v[start] for an empty bag
+    if mode == "mean":
+        sums = sums / np.maximum(lens, 1)
+    return sums, fp64
+
+
+def verify_bag_output(out: torch.Tensor, checks: EmbeddingChecks, indices: torch.Tensor,
+                      offsets: torch.Tensor | None, mode: str, per_sample_weights: torch.Tensor | None = None, *,
+                      extra: float = 4.0, u_out: float = 0.0, lam: float | None = None, op: str = "embedding_bag",
+                      dtype: str | None = None, shape: tuple[int, ...] = (), exact_ratio: bool = False) -> CheckReport:
+    """Check the (bags x D) output of an EmbeddingBag (``mode`` sum or mean; ``none``: an Embedding lookup).
+
+    ``got_b = sum_d out_bd`` against ``ref_b``, the same bag pooled over ``checks.rowsum`` (a gather
+    of 4 bytes per index, see :func:`_pooled`). A clean bag satisfies
+    ``|got_b - ref_b| <= lam u (L_b (1 + r) + D + extra) a_b + u_out a_b``, ``a_b`` the bag pooled over
+    ``checks.absum`` (``sum_{l in bag} sum_d |w_ld|``, the classic gamma bound of the lookup's
+    summation and of the sum over the output, ``r`` = 1 where the reference was summed in fp32;
+    ``u_out`` the rounding of an output narrower than fp32). The verdict is first taken with a lower
+    bound of that threshold that costs no gather: ``L_b >= 0`` and
+    ``a_b >= ||out_b||_2 / (1 + (n + D + 2) u + u_out)`` (triangle inequality, and
+    ``sum_d |x_d| >= ||x||_2``; the denominator covers the rounding of ``out`` and of the norm, n the
+    number of indices). Only when a bag fails it
+    are ``a_b`` and ``L_b`` gathered for the exact threshold, so ``max_ratio`` of a clean report is an
+    upper bound of the exact ``|diff| / thr``.
     """
     lam = EMBEDDING_LAMBDA if lam is None else lam
-    k = lam * UNIT_ROUNDOFF[torch.float32]
-    tiny = float(torch.finfo(torch.float32).tiny) * (d + 2)
-    if not cols.shape[1]:
-        return CheckReport(op, dtype, False, 0.0, True, [], [], None, shape)
+    u = UNIT_ROUNDOFF[torch.float32]
+    d = out.shape[-1]
+    dt = dtype or _dt(out.dtype)
+    shape = shape or tuple(out.shape)
+    if mode not in ("sum", "mean", "none"):  # max pooling is not linear: no checksum
+        return CheckReport(op, dt, False, 0.0, False, shape=shape)
+    out2 = out.reshape(-1, d)
+    if out2.dtype != torch.float32:
+        out2 = out2.float()
+    nb = out2.shape[0]
+    if not nb:
+        return CheckReport(op, dt, False, 0.0, True, shape=shape)
+    if mode == "none":
+        idx, off = indices.reshape(-1), None
+    else:
+        idx, off = _bags_args(indices, offsets)
+    psw = per_sample_weights if mode != "none" else None
+    ref, ref64 = _pooled(checks.rowsum, idx, off, mode, nb, psw)
+    n = max(int(idx.numel()), 1)
+    k = lam * u
+    tiny = _TINY32 * (d + 2)
+    # got and ||out_b||_2 (<= sum_d |out_bd|, and no |out| temporary to allocate) in one transfer
+    cols = _host(torch.stack((out2.sum(1), torch.linalg.vector_norm(out2, 2, dim=1))))
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
-        if not exact_ratio:  # in the columns' own precision, with a margin for that rounding
-            worst = float((np.abs(cols[0] - cols[1]) / (cols[2] * (k * (d + extra)) + tiny)).max())
-            if worst <= 1.0 - 2.0**-16:  # NaN (something not finite) falls through
-                return CheckReport(op, dtype, False, worst, True, [], [], None, shape)
-        if exact is not None and not np.isfinite(cols).all():
-            cols = exact()
-        got, ref, ab = cols.astype(np.float64)
-        diff = np.abs(got - ref)
-        lens = _host(lengths() if callable(lengths) else lengths)
-        thr = (lens + (d + extra)) * ab * k + tiny
+        diff = np.abs(cols[0] - ref)
+        if not exact_ratio:
+            shrink = max(0.0, 1.0 - (n + d + 2) * u - u_out) * (1.0 - 2.0**-16)
+            lb = cols[1] * ((k * (d + extra) + u_out) * shrink) + tiny
+            worst = float((diff / lb).max())  # NaN (something not finite) falls through
+            # the bound is read from the output: a corrupted output that overflows the norm (inf)
+            # must not pass as clean, so an infinite bound is no verdict
+            if worst <= 1.0 and bool(np.isfinite(lb).all()):
+                return CheckReport(op, dt, False, worst, True, [], [], None, shape)
+        ab = _pooled(checks.absum, idx, off, mode, nb, psw.abs() if psw is not None else None)[0]
+        if mode == "none":
+            lens = np.ones(nb)
+        else:
+            lens = _host(_bag_lengths(idx, off, nb))
+        thr = (k * (lens * (1.0 if ref64 else 2.0) + (d + extra)) + u_out) * ab + tiny
         valid = np.isfinite(ref) & np.isfinite(thr)
         bad = ~(diff <= thr) & valid
         ratio = np.where(valid, diff / thr, 0.0)
     rows = np.flatnonzero(bad)[:16].tolist()
-    return CheckReport(op, dtype, bool(rows), float(np.nan_to_num(ratio, nan=math.inf).max()), bool(valid.all()),
+    return CheckReport(op, dt, bool(rows), float(np.nan_to_num(ratio, nan=math.inf).max()), bool(valid.all()),
                        rows, [], None, shape)
-
-
-def _verify_bags(got: torch.Tensor, ref: torch.Tensor, absum: torch.Tensor,
-                 lengths: torch.Tensor | Callable[[], torch.Tensor], d: int, extra: float, lam: float | None,
-                 op: str, dtype: str, shape: tuple[int, ...], exact_ratio: bool = False) -> CheckReport:
-    """Compare pooled checksums ``got`` (sum over the output's columns) with ``ref`` (see :func:`_verify_bag_columns`)."""
-    cols = _host(torch.stack((got.float(), ref.float(), absum.float())), f64=False)
-    return _verify_bag_columns(cols, None, lengths, d, extra, lam, op, dtype, shape, exact_ratio)
-
-
-_SELECT: dict[tuple[int, str], torch.Tensor] = {}
-
-
-def verify_augmented_bags(res: torch.Tensor, lengths: torch.Tensor | Callable[[], torch.Tensor], *,
-                          lam: float | None = None, op: str = "embedding_bag_sum", shape: tuple[int, ...] = (),
-                          exact_ratio: bool = False) -> CheckReport:
-    """Check the (bags x (D+2)) result of an EmbeddingBag over an :func:`augment_table` table.
-
-    One small product ``S res^T`` (S: 3 x (D+2), ones over the D output columns, then the two
-    checksum columns) reads the result once and gives ``[got; ref; absum]``; where that shortcut
-    met a non-finite value (0 x inf), the columns are taken one by one.
-    """
-    d = res.shape[1] - 2
-    key = (d, str(res.device))
-    sel = _SELECT.get(key)
-    if sel is None:
-        sel = torch.zeros(3, d + 2, dtype=torch.float32, device=res.device)
-        sel[0, :d] = 1.0
-        sel[1, d] = 1.0
-        sel[2, d + 1] = 1.0
-        if len(_SELECT) >= _MAX_CACHED:
-            _SELECT.clear()
-        _SELECT[key] = sel
-
-    def exact() -> np.ndarray:
-        return _host(torch.stack((res[:, :d].sum(1), res[:, d], res[:, d + 1])))
-
-    return _verify_bag_columns(_host(sel @ res.t(), f64=False), exact, lengths, d, 4.0, lam, op, "float32",
-                               shape or (d, res.shape[0]), exact_ratio)
 
 
 def _bags_args(indices: torch.Tensor, offsets: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -596,34 +683,34 @@ def _bags_args(indices: torch.Tensor, offsets: torch.Tensor | None) -> tuple[tor
     return indices, offsets
 
 
-def checked_embedding_bag(aug_table: torch.Tensor, indices: torch.Tensor, offsets: torch.Tensor | None = None,
-                          mode: str = "sum", *, lam: float | None = None, exact_ratio: bool = False
-                          ) -> tuple[torch.Tensor, CheckReport]:
-    """EmbeddingBag (sum or mean) over a table made by :func:`augment_table`; returns ``(out, report)``.
+def checked_embedding_bag(table: CheckedTable, indices: torch.Tensor, offsets: torch.Tensor | None = None,
+                          mode: str = "sum", *, per_sample_weights: torch.Tensor | None = None,
+                          lam: float | None = None, exact_ratio: bool = False) -> tuple[torch.Tensor, CheckReport]:
+    """EmbeddingBag (sum or mean) over a :func:`checked_table`; returns ``(out, report)``.
 
-    ``out`` is the (bags x D) result (a view of the augmented output); one embedding_bag call gives
-    both the result and its checksums.
+    Costs, beside the lookup, a second EmbeddingBag over the R x 1 row-sum table with the same
+    indices and one pass over the (bags x D) output (see :func:`verify_bag_output`).
     """
     if mode not in ("sum", "mean"):
         raise UsageError(f"checked_embedding_bag supports sum and mean pooling, got {mode!r}")
     idx, off = _bags_args(indices, offsets)
-    d = aug_table.shape[1] - 2
-    res = F.embedding_bag(idx, aug_table, off, mode=mode)
-    rep = verify_augmented_bags(res, lambda: _bag_lengths(idx, off, res.shape[0]), lam=lam, op=f"embedding_bag_{mode}",
-                                shape=(aug_table.shape[0], d, res.shape[0]), exact_ratio=exact_ratio)
-    return res[:, :d], rep
+    out = F.embedding_bag(idx, table.weight, off, mode=mode, per_sample_weights=per_sample_weights)
+    rep = verify_bag_output(out, table.checks, idx, off, mode, per_sample_weights, lam=lam,
+                            op=f"embedding_bag_{mode}", shape=(table.weight.shape[0], table.dim, out.shape[0]),
+                            exact_ratio=exact_ratio)
+    return out, rep
 
 
 @dataclass
 class QuantizedTable:
     """An 8-bit row-wise quantized table (fbgemm layout: D uint8 codes, fp32 scale, fp32 bias per row).
 
-    ``checks`` (R x 2, fp32) holds, per row, the checksum ``sum_d (s q_d + b)`` and the magnitude
+    ``checks`` holds, per row, the checksum ``sum_d (s q_d + b)`` and the magnitude
     ``sum_d (|s q_d| + |b|)``, computed in fp64 from the packed bytes.
     """
 
     packed: torch.Tensor
-    checks: torch.Tensor
+    checks: EmbeddingChecks
     dim: int
 
     @classmethod
@@ -638,14 +725,12 @@ class QuantizedTable:
         return cls(packed, cls.compute_checks(packed), weight.shape[1])
 
     @staticmethod
-    def compute_checks(packed: torch.Tensor) -> torch.Tensor:
+    def compute_checks(packed: torch.Tensor) -> EmbeddingChecks:
         d = packed.shape[1] - 8
         q = packed[:, :d].to(torch.float64)
         sb = packed[:, d:].clone(memory_format=torch.contiguous_format).view(torch.float32).to(torch.float64)
         scale, bias = sb[:, 0:1], sb[:, 1:2]
-        rowsum = (q * scale + bias).sum(1)
-        absum = (q * scale.abs() + bias.abs()).sum(1)
-        return torch.stack([rowsum, absum], 1).to(torch.float32)
+        return EmbeddingChecks.from_rows((q * scale + bias).sum(1), (q * scale.abs() + bias.abs()).sum(1))
 
     def dequantize(self) -> torch.Tensor:
         d = self.dim
@@ -676,64 +761,20 @@ def checked_quantized_embedding_bag(table: QuantizedTable, indices: torch.Tensor
                                     offsets: torch.Tensor | None = None, mode: str = "sum", *,
                                     lam: float | None = None, exact_ratio: bool = False
                                     ) -> tuple[torch.Tensor, CheckReport]:
-    """8-bit row-wise EmbeddingBag (sum or mean) checked against the precomputed row checksums."""
+    """8-bit row-wise EmbeddingBag (sum or mean) checked against the precomputed row checksums.
+
+    The checksums sit in separate fp32 tables (not in the packed row): a checksum carried in the row
+    would be dequantized with the row's own scale and bias, so a flip of those would move the
+    reference with the result and go unseen.
+    """
     if mode not in ("sum", "mean"):
         raise UsageError(f"checked_quantized_embedding_bag supports sum and mean pooling, got {mode!r}")
     idx, off = _bags_args(indices, offsets)
     out = quantized_embedding_bag(table, idx, off, mode)
-    chk = F.embedding_bag(idx, table.checks, off, mode=mode)
-    rep = _verify_bags(out.sum(1), chk[:, 0], chk[:, 1], lambda: _bag_lengths(idx, off, out.shape[0]), table.dim,
-                       6.0, lam, f"embedding_bag_8bit_{mode}", "uint8", (table.packed.shape[0], table.dim, out.shape[0]),
-                       exact_ratio)
+    rep = verify_bag_output(out, table.checks, idx, off, mode, extra=6.0, lam=lam, op=f"embedding_bag_8bit_{mode}",
+                            dtype="uint8", shape=(table.packed.shape[0], table.dim, out.shape[0]),
+                            exact_ratio=exact_ratio)
     return out, rep
-
-
-def embedding_checks_table(weight: torch.Tensor) -> torch.Tensor:
-    """R x 2 fp32 ``[W 1, |W| 1]`` computed in fp64 (for checking an existing Embedding/EmbeddingBag)."""
-    w64 = weight.detach().double()
-    return torch.stack([w64.sum(1), w64.abs().sum(1)], 1).to(torch.float32)
-
-
-def verify_embedding_output(out: torch.Tensor, checks: torch.Tensor, indices: torch.Tensor,
-                            offsets: torch.Tensor | None, mode: str, per_sample_weights: torch.Tensor | None = None,
-                            *, lam: float | None = None, u_out: float = 0.0, op: str = "embedding_bag",
-                            exact_ratio: bool = False) -> CheckReport:
-    """Check the output of an existing EmbeddingBag (or Embedding when ``mode == 'none'``) call."""
-    d = out.shape[-1]
-    if mode == "none":
-        got = out.float().reshape(-1, d).sum(1)
-        chk = checks[indices.reshape(-1)]
-        ref, absum = chk[:, 0], chk[:, 1]
-
-        def lengths() -> torch.Tensor:
-            return torch.ones_like(ref)
-    else:
-        idx, off = _bags_args(indices, offsets)
-        if mode == "max":
-            return CheckReport(op, _dt(out.dtype), False, 0.0, False, shape=tuple(out.shape))
-        got = out.float().sum(1)
-        if per_sample_weights is None:  # one gather gives both columns
-            chk = F.embedding_bag(idx, checks, off, mode=mode)
-            ref, absum = chk[:, 0], chk[:, 1]
-        else:
-            ref = F.embedding_bag(idx, checks[:, :1], off, mode=mode, per_sample_weights=per_sample_weights)[:, 0]
-            absum = F.embedding_bag(idx, checks[:, 1:], off, mode=mode,
-                                    per_sample_weights=per_sample_weights.abs())[:, 0]
-
-        def lengths() -> torch.Tensor:
-            return _bag_lengths(idx, off, ref.shape[0])
-    rep = _verify_bags(got, ref, absum, lengths, d, 4.0, lam, op, _dt(out.dtype),
-                       tuple(out.shape), exact_ratio)
-    if u_out:
-        # output rounded to a narrower dtype: allow each element its rounding error (sum |out| <= absum)
-        thr_extra = u_out * absum
-        diff = (got - ref).abs()
-        base = EMBEDDING_LAMBDA * UNIT_ROUNDOFF[torch.float32] * (lengths().to(torch.float32) + d + 4.0) * absum
-        bad = ~(diff <= base + thr_extra) & torch.isfinite(ref)
-        rep.rows = torch.nonzero(bad).flatten()[:16].tolist()
-        rep.alarm = bool(rep.rows)
-        rep.max_ratio = float((diff / (base + thr_extra + 1e-38)).nan_to_num(math.inf).max()) if diff.numel() else 0.0
-    return rep
 
 
 def describe_thresholds() -> dict[str, Any]:

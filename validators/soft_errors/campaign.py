@@ -233,7 +233,7 @@ def gemm_trial(op: str, site: str, bit_class: str, pattern: str, seed: int, devi
 
 def embedding_trial(op: str, site: str, bit_class: str, pattern: str, seed: int, device: str,
                     active: Callable[[], AbstractContextManager[Any]]) -> dict[str, Any]:
-    """One injected flip into a checked EmbeddingBag (fp32 augmented or 8-bit row-wise table)."""
+    """One injected flip into a checked EmbeddingBag (fp32 or 8-bit row-wise table) or its output."""
     rng = random.Random(seed)
     g = torch.Generator().manual_seed(seed)
     rows, d = rng.randint(16, 256), rng.choice((4, 8, 16, 32, 64))
@@ -251,8 +251,8 @@ def embedding_trial(op: str, site: str, bit_class: str, pattern: str, seed: int,
         table = abft.QuantizedTable.from_float(weight.to(device))
         clean = abft.quantized_embedding_bag(table, idx, offsets, mode)
     else:
-        aug = abft.augment_table(weight.to(device))
-        clean = F.embedding_bag(idx, aug, offsets, mode=mode)[:, :d]
+        table = abft.checked_table(weight.to(device))
+        clean = F.embedding_bag(idx, table.weight, offsets, mode=mode)
     pos = rng.randrange(idx.numel())
     row = int(idx[pos])
     with active():
@@ -272,23 +272,19 @@ def embedding_trial(op: str, site: str, bit_class: str, pattern: str, seed: int,
             if site == "bag_output":
                 rec = flip_tensor(out, seed=seed, site=site, name=op, bit_class=bit_class, pattern=pattern, k=k_bits)
                 bits, index, orig, new = rec.bits, rec.index, rec.original, rec.corrupted
-            chk = F.embedding_bag(idx, table.checks, offsets, mode=mode)
-            lens = abft._bag_lengths(idx, offsets, out.shape[0])
-            rep = abft._verify_bags(out.sum(1), chk[:, 0], chk[:, 1], lens, d, 6.0, None, op, "uint8", ())
+            rep = abft.verify_bag_output(out, table.checks, idx, offsets, mode, extra=6.0, op=op, dtype="uint8")
         else:
-            faulty = aug.clone()
+            faulty = table.weight.clone()
             if site == "embedding_row":
                 col = rng.randrange(d)
                 bits = choose_bits(torch.float32, bit_class, pattern, k_bits, rng)
                 index = row * faulty.shape[1] + col
                 orig, new = flip_bits_(faulty, index, bits)
-            res = F.embedding_bag(idx, faulty, offsets, mode=mode)
+            out = F.embedding_bag(idx, faulty, offsets, mode=mode)
             if site == "bag_output":
-                view = res[:, :d]
-                rec = flip_tensor(view, seed=seed, site=site, name=op, bit_class=bit_class, pattern=pattern, k=k_bits)
+                rec = flip_tensor(out, seed=seed, site=site, name=op, bit_class=bit_class, pattern=pattern, k=k_bits)
                 bits, index, orig, new = rec.bits, rec.index, rec.original, rec.corrupted
-            out = res[:, :d]
-            rep = abft.verify_augmented_bags(res, lambda: abft._bag_lengths(idx, offsets, res.shape[0]), op=op)
+            rep = abft.verify_bag_output(out, table.checks, idx, offsets, mode, op=op)
     delta = _delta(clean, out)
     tol = SIGNIFICANCE * _rms(clean)
     return {"op": op, "site": site, "bit_class": bit_class, "pattern": pattern, "seed": seed,
@@ -366,9 +362,9 @@ def clean_trial_fn(seed: int, device: str, active: Callable[[], AbstractContextM
                     reps.extend(abft.checked_quantized_embedding_bag(table, idx, offsets, mode, exact_ratio=x)[1]
                                 for x in (False, True))
             else:
-                aug = abft.augment_table(weight)
+                table = abft.checked_table(weight)
                 with active():
-                    reps.extend(abft.checked_embedding_bag(aug, idx, offsets, mode, exact_ratio=x)[1]
+                    reps.extend(abft.checked_embedding_bag(table, idx, offsets, mode, exact_ratio=x)[1]
                                 for x in (False, True))
             shape = [rows, d, bags]
         return {"op": op, "seed": s, "dist": dist, "scale": scale, "shape": shape,

@@ -3,7 +3,12 @@
 Each comparison times the unchecked operator, the same operator again (an A/A control whose
 difference is the resolution of the measurement at that moment) and the checked paths the
 validators and :func:`~.protect.protect` use, in one process, interleaved: every round runs every
-function once, in an order rotated by one each round, and the value is the ratio of the medians.
+function once, in a fresh seeded random order (a fixed rotation would always run the same function
+right after another and hand it that one's warm caches), and all functions read the same operands
+and tables, so that their residency in the caches is alike. The overhead is the median over rounds of
+the paired ratio ``checked_r / unchecked_r`` minus one (pairs taken in the same round share the
+state of the host, which a ratio of medians would not), with a distribution-free 95% interval of
+that median from the order statistics of the ratios (binomial ranks).
 
 On the CPU the comparison runs on ``threads`` intra-op threads (1 by default, the same for both
 sides) and, with one thread, is timed with the CPU time of the calling thread
@@ -15,8 +20,9 @@ device synchronisations.
 from __future__ import annotations
 
 import contextlib
-import copy
+import math
 import os
+import random
 import statistics
 import time
 from collections.abc import Callable, Iterator
@@ -34,18 +40,56 @@ TARGETS = {"gemm": 0.05, "embedding_bag": 0.10}
 GEMM_TARGET_MIN_N = 1024
 
 
+def median_interval(values: list[float], level: float = 0.95) -> tuple[float, float]:
+    """Distribution-free ``level`` interval of the median of ``values`` (order statistics, binomial ranks).
+
+    With fewer than 6 values no interval of 95% exists; the extremes are returned.
+    """
+    xs = sorted(values)
+    n = len(xs)
+    if n == 0:
+        return (math.nan, math.nan)
+    # the largest j with P(Binomial(n, 1/2) < j) <= (1 - level) / 2: [x_(j), x_(n+1-j)] covers the median
+    tail, cdf, j = (1.0 - level) / 2.0, 0.0, 0
+    while j < n:
+        p = math.comb(n, j) / 2.0**n
+        if cdf + p > tail:
+            break
+        cdf += p
+        j += 1
+    lo = max(j - 1, 0)
+    return xs[lo], xs[n - 1 - lo]
+
+
 @dataclass
 class Timings:
-    """Medians (seconds) per function name, on the chosen clock and on the wall clock."""
+    """Per-function samples (seconds, one per round) on the chosen clock and on the wall clock."""
 
-    median: dict[str, float]
-    wall: dict[str, float]
+    samples: dict[str, list[float]]
+    wall_samples: dict[str, list[float]]
     reps: int
     clock: str
     resolution: float
 
+    @property
+    def median(self) -> dict[str, float]:
+        return {k: statistics.median(v) for k, v in self.samples.items()}
+
+    @property
+    def wall(self) -> dict[str, float]:
+        return {k: statistics.median(v) for k, v in self.wall_samples.items()}
+
+    def ratios(self, checked: str, base: str) -> list[float]:
+        return [c / b for c, b in zip(self.samples[checked], self.samples[base], strict=True) if b > 0]
+
     def overhead(self, checked: str, base: str) -> float:
-        return self.median[checked] / self.median[base] - 1.0
+        """Median over rounds of ``checked_r / base_r``, minus one."""
+        return statistics.median(self.ratios(checked, base)) - 1.0
+
+    def interval(self, checked: str, base: str) -> tuple[float, float]:
+        """95% interval of :meth:`overhead` (order statistics of the paired ratios)."""
+        lo, hi = median_interval(self.ratios(checked, base))
+        return lo - 1.0, hi - 1.0
 
 
 def _clock(device: str, threads: int) -> tuple[Callable[[], float], str, float]:
@@ -55,11 +99,13 @@ def _clock(device: str, threads: int) -> tuple[Callable[[], float], str, float]:
 
 
 def time_interleaved(fns: dict[str, Callable[[], Any]], reps: int, *, device: str, threads: int,
-                     sync: Callable[[], None], prepare: Callable[[int], None] | None = None) -> Timings:
-    """Time every function of ``fns`` once per round for ``reps`` rounds, order rotated each round.
+                     sync: Callable[[], None], prepare: Callable[[int], None] | None = None,
+                     seed: int = 0) -> Timings:
+    """Time every function of ``fns`` once per round for ``reps`` rounds, in a seeded random order each round.
 
     ``prepare(r)`` runs untimed before round ``r`` (fresh inputs). Returns the :class:`Timings`.
     """
+    rng = random.Random(seed)
     clock, name, resolution = _clock(device, threads)
     times: dict[str, list[float]] = {k: [] for k in fns}
     wall: dict[str, list[float]] = {k: [] for k in fns}
@@ -72,16 +118,16 @@ def time_interleaved(fns: dict[str, Callable[[], Any]], reps: int, *, device: st
     for r in range(reps):
         if prepare is not None:
             prepare(r)
-        shift = r % len(keys)
-        for k in keys[shift:] + keys[:shift]:
+        order = keys[:]
+        rng.shuffle(order)
+        for k in order:
             sync()
             w0, t0 = time.perf_counter(), clock()
             fns[k]()
             sync()
             times[k].append(clock() - t0)
             wall[k].append(time.perf_counter() - w0)
-    return Timings({k: statistics.median(v) for k, v in times.items()},
-                   {k: statistics.median(v) for k, v in wall.items()}, reps, name, resolution)
+    return Timings(times, wall, reps, name, resolution)
 
 
 @contextlib.contextmanager
@@ -125,11 +171,10 @@ def gemm_functions(n: int, device: str, seed: int) -> dict[str, Callable[[], Any
     b = torch.randn(n, n, generator=g).to(device)
     w = torch.randn(n, n, generator=g).to(device)
     bias = torch.randn(n, generator=g).to(device)
-    plain = torch.nn.Linear(n, n).to(device)
-    with torch.no_grad():
-        plain.weight.copy_(w)
-        plain.bias.copy_(bias)
-    guarded = copy.deepcopy(plain)
+    pw, pb = torch.nn.Parameter(w, requires_grad=False), torch.nn.Parameter(bias, requires_grad=False)
+    plain, guarded = torch.nn.Linear(n, n, device=device), torch.nn.Linear(n, n, device=device)
+    for mod in (plain, guarded):  # two modules over the same weight tensors
+        mod.weight, mod.bias = pw, pb
     guard = protect(guarded)
 
     def protected() -> Any:
@@ -176,24 +221,19 @@ class EmbeddingFunctions:
         g = torch.Generator().manual_seed(seed)
         self.g = g
         self.rows, self.n = rows, bags * length
-        source = torch.randn(rows, dim, generator=g)
-        # every side gets its own copy, allocated the same way, so that no side reads a table
-        # another side has just brought into the cache
-        self.w = source.clone().to(device)
-        self.w_again = source.clone().to(device)
-        self.aug = abft.augment_table(source.to(device))
-        self.plain = torch.nn.EmbeddingBag(rows, dim, mode="sum").to(device)
-        self.guarded = torch.nn.EmbeddingBag(rows, dim, mode="sum").to(device)
-        with torch.no_grad():
-            self.plain.weight.copy_(source)
-            self.guarded.weight.copy_(source)
+        source = torch.randn(rows, dim, generator=g).to(device)
+        # every path reads the same table (and the 8-bit paths the same packed table), so that the
+        # table's residency in the caches is the same whichever path ran before
+        self.w = source
+        self.table = abft.checked_table(source)
+        weight = torch.nn.Parameter(source, requires_grad=False)
+        self.plain = torch.nn.EmbeddingBag(rows, dim, mode="sum", _weight=weight)
+        self.guarded = torch.nn.EmbeddingBag(rows, dim, mode="sum", _weight=weight)
         self.guard = protect(self.guarded)
-        self.qt = abft.QuantizedTable.from_float(source.to(device))
-        self.qt_checked = abft.QuantizedTable.from_float(source.to(device))
+        self.qt = abft.QuantizedTable.from_float(source)
         self.device = device
         self.offsets = torch.arange(0, self.n, length, device=device)
         self.idx = torch.zeros(self.n, dtype=torch.int64, device=device)
-        del source
 
     def prepare(self, r: int) -> None:
         self.idx = torch.randint(0, self.rows, (self.n,), generator=self.g).to(self.device)
@@ -213,21 +253,21 @@ class EmbeddingFunctions:
 
         return {
             "embedding_bag": lambda: F.embedding_bag(self.idx, self.w, self.offsets, mode="sum"),
-            "embedding_bag_again": lambda: F.embedding_bag(self.idx, self.w_again, self.offsets, mode="sum"),
-            "checked_embedding_bag": lambda: self._ok(abft.checked_embedding_bag(self.aug, self.idx, self.offsets)),
+            "embedding_bag_again": lambda: F.embedding_bag(self.idx, self.w, self.offsets, mode="sum"),
+            "checked_embedding_bag": lambda: self._ok(abft.checked_embedding_bag(self.table, self.idx, self.offsets)),
             "embedding_bag_module": lambda: self.plain(self.idx, self.offsets),
             "protected_embedding_bag_module": protected,
             "embedding_bag_8bit": lambda: abft.quantized_embedding_bag(self.qt, self.idx, self.offsets),
             "checked_embedding_bag_8bit": lambda: self._ok(
-                abft.checked_quantized_embedding_bag(self.qt_checked, self.idx, self.offsets)),
+                abft.checked_quantized_embedding_bag(self.qt, self.idx, self.offsets)),
         }
 
 
 EMBEDDING_COMPARISONS = (
     ("embedding_bag", "checked_embedding_bag", "embedding_bag", "float32",
-     "checked_embedding_bag over the [W | W1 | |W|1] table (one gather) vs F.embedding_bag over W"),
+     "checked_embedding_bag (lookup + the same lookup over the R x 1 row-sum table) vs F.embedding_bag"),
     ("embedding_bag_8bit", "checked_embedding_bag_8bit", "embedding_bag_8bit", "uint8",
-     "8-bit row-wise fused kernel + checksum gather (R x 2 table) vs the fused kernel alone"),
+     "8-bit row-wise fused kernel + the lookup over the R x 1 row-sum table vs the fused kernel alone"),
     ("protect_embedding_bag", "protected_embedding_bag_module", "embedding_bag_module", "float32",
-     "nn.EmbeddingBag under protect() (second gather over an R x 2 checksum table) vs plain"),
+     "nn.EmbeddingBag under protect() (forward hook: lookup over the R x 1 row-sum table) vs plain"),
 )

@@ -6,10 +6,8 @@ changes, e.g. after an optimizer step); ``guard.alarms`` lists the detections an
 counts the verified calls. The hooks never change an output.
 
 Cost per call (the weight side is cached): a Linear, one pass over its input and one over its
-output (:func:`.abft.verify_linear`); an EmbeddingBag, a second gather over an R x 2 checksum table
-with the same indices plus one pass over the output. The fused EmbeddingBag check (checksum columns
-in the table itself, one gather) is :func:`.abft.checked_embedding_bag` over an
-:func:`.abft.augment_table`.
+output (:func:`.abft.verify_linear`); an Embedding or EmbeddingBag, a second lookup with the same
+indices over an R x 1 row-sum table plus one pass over the output (:func:`.abft.verify_bag_output`).
 
 Linear layers are verified at the precision of their output: fp32 layers with the fp32 GEMM bound;
 bf16/fp16 layers (whose fp32 accumulator is gone once the hook sees the output) with the output's
@@ -119,7 +117,7 @@ def _embedding_hook(guard: Guard, name: str, lam: float | None, bag: bool, exact
             return
         with torch.no_grad():
             w = mod.weight
-            checks = cache.get(_key(w), lambda: abft.embedding_checks_table(w))
+            checks = cache.get(_key(w), lambda: abft.EmbeddingChecks.of(w))
             indices = inputs[0]
             offsets = inputs[1] if len(inputs) > 1 and bag else None
             psw = inputs[2] if len(inputs) > 2 and bag else None
@@ -130,9 +128,9 @@ def _embedding_hook(guard: Guard, name: str, lam: float | None, bag: bool, exact
                 guard.unchecked += 1
                 return
             u_out = abft.UNIT_ROUNDOFF[output.dtype] if output.dtype != torch.float32 else 0.0
-            rep = abft.verify_embedding_output(output.detach(), checks, indices, offsets, mode, psw, lam=lam,
-                                               u_out=u_out, op="embedding_bag" if bag else "embedding",
-                                               exact_ratio=exact)
+            rep = abft.verify_bag_output(output.detach(), checks, indices, offsets, mode, psw, lam=lam,
+                                         u_out=u_out, op="embedding_bag" if bag else "embedding",
+                                         exact_ratio=exact)
             guard.record(name, "embedding_bag" if bag else "embedding", rep)
 
     return hook

@@ -13,7 +13,8 @@ Groups (``groups(level)``):
 * ``sdc_screen``         repeat-and-compare screening with fp64 goldens;
 * ``overhead``           checked / unchecked time - 1 of the product's checked paths: fp32 GEMM, Linear and
                          protected Linear (n >= 1024: target 5%), EmbeddingBag fp32 / 8-bit / protected
-                         (target 10%), with an A/A row giving the resolution (interleaved, medians; see
+                         (target 10%), with an A/A row giving the resolution (seeded random order each
+                         round, median of paired ratios with a 95% order-statistics interval; see
                          :mod:`.overhead`).
 
 Every operator of the device under test runs inside ``target.active()``; goldens outside it.
@@ -48,7 +49,7 @@ OVERHEAD_TARGETS = overhead.TARGETS
 
 LEVELS: dict[str, dict[str, Any]] = {
     "quick": {"trials": 900, "fp_trials": 2000, "pvf_trials": 24, "pvf_config": "debug", "sdc_runs": 4,
-              "overhead_sizes": (1024, 2048), "overhead_reps": 21, "overhead_threads": 1,
+              "overhead_sizes": (1024, 2048), "overhead_reps": 31, "overhead_threads": 1,
               "overhead_tables": ((100_000, 64, 2048, 40), (100_000, 128, 2048, 40)),
               "workloads": ("dlrm", "bert", "llama")},
     "full": {"trials": 30000, "fp_trials": 30000, "pvf_trials": 200, "pvf_config": "small", "sdc_runs": 20,
@@ -187,16 +188,17 @@ def _group_abft_embedding(res: Results, target: Any, seed: int, opts: dict[str, 
                     _, rep2 = abft.checked_quantized_embedding_bag(bad, idx.to(dev), off.to(dev), mode)
                 what = f"row {row} code byte 3 bit 7"
             else:
-                aug = abft.augment_table(w.to(dev))
+                table = abft.checked_table(w.to(dev))
                 with target.active():
-                    out, rep = abft.checked_embedding_bag(aug, idx.to(dev), off.to(dev), mode)
-                corrupt = aug.clone()
+                    out, rep = abft.checked_embedding_bag(table, idx.to(dev), off.to(dev), mode)
+                corrupt = table.weight.clone()
                 row = int(idx[7])
                 from .bits import flip_bits_
 
                 flip_bits_(corrupt, row * corrupt.shape[1] + 5, [27])
                 with target.active():
-                    _, rep2 = abft.checked_embedding_bag(corrupt, idx.to(dev), off.to(dev), mode)
+                    _, rep2 = abft.checked_embedding_bag(abft.CheckedTable(corrupt, table.checks), idx.to(dev),
+                                                         off.to(dev), mode)
                 what = f"row {row} col 5 bit 27"
             err = float((out.cpu().double() - ref).abs().max())
             res.add("abft_embedding_bag", name, "clean_alarm", float(rep.alarm), threshold=0,
@@ -392,20 +394,25 @@ def _group_overhead(res: Results, target: Any, seed: int, opts: dict[str, Any]) 
             load0 = overhead.load_average()
             fns = overhead.gemm_functions(int(n), dev, seed)
             with torch.no_grad(), target.active():
-                t = overhead.time_interleaved(fns, reps, device=dev, threads=threads, sync=target.synchronize)
+                t = overhead.time_interleaved(fns, reps, device=dev, threads=threads, sync=target.synchronize,
+                                              seed=seed)
             load1 = overhead.load_average()
             aa = t.overhead("mm_again", "mm")
-            common = (f"{t.clock}, {threads} thread(s), median of {reps} interleaved reps; A/A resolution "
-                      f"{aa:+.2%} (a @ b timed twice); load average {load0:.2f} -> {load1:.2f}; "
+            alo, ahi = t.interval("mm_again", "mm")
+            common = (f"{t.clock}, {threads} thread(s), median of {reps} paired ratios of interleaved rounds; A/A "
+                      f"resolution {aa:+.2%} (95% interval {alo:+.2%} .. {ahi:+.2%}; a @ b timed twice); load "
+                      f"average {load0:.2f} -> {load1:.2f}; "
                       f"clock resolution {t.resolution:.0e} s; float32 n={n} (M=K=N)")
             res.add("overhead", f"timing_resolution_{n}", "aa_relative_difference", aa, unit="ratio",
                     dtype="float32", status="pass", detail=common)
             for name, checked, base, what in overhead.GEMM_COMPARISONS:
                 ov = t.overhead(checked, base)
+                lo, hi = t.interval(checked, base)
                 thr = overhead.TARGETS["gemm"] if int(n) >= overhead.GEMM_TARGET_MIN_N else None
                 res.add("overhead", f"{name}_{n}", "abft_overhead", ov, threshold=thr, unit="ratio", dtype="float32",
                         status="pass" if thr is None or ov <= thr else "fail",
-                        detail=f"{what}: unchecked {t.median[base] * 1e3:.3f} ms, checked {t.median[checked] * 1e3:.3f}"
+                        detail=f"{what}: {ov:+.2%} (95% interval {lo:+.2%} .. {hi:+.2%}); "
+                               f"unchecked {t.median[base] * 1e3:.3f} ms, checked {t.median[checked] * 1e3:.3f}"
                                f" ms (wall {t.wall[base] * 1e3:.3f} / {t.wall[checked] * 1e3:.3f} ms); {common}"
                                + ("" if thr is not None else f"; the target applies at n >= {overhead.GEMM_TARGET_MIN_N}"))
             del fns
@@ -415,21 +422,24 @@ def _group_overhead(res: Results, target: Any, seed: int, opts: dict[str, Any]) 
             ef = overhead.EmbeddingFunctions(int(rows), int(d), int(bags), int(length), dev, seed)
             with torch.no_grad(), target.active():  # a gather is short and noisy: twice the rounds
                 t = overhead.time_interleaved(ef.functions(), 2 * reps, device=dev, threads=threads,
-                                              sync=target.synchronize, prepare=ef.prepare)
+                                              sync=target.synchronize, prepare=ef.prepare, seed=seed)
             load1 = overhead.load_average()
             aa = t.overhead("embedding_bag_again", "embedding_bag")
-            common = (f"{t.clock}, {threads} thread(s), median of {t.reps} interleaved reps, fresh random indices each "
-                      f"rep; A/A resolution {aa:+.2%} (two copies of the table); load average {load0:.2f} -> "
+            alo, ahi = t.interval("embedding_bag_again", "embedding_bag")
+            common = (f"{t.clock}, {threads} thread(s), median of {t.reps} paired ratios of interleaved rounds, fresh "
+                      f"random indices each round; A/A resolution {aa:+.2%} (95% interval {alo:+.2%} .. {ahi:+.2%}; "
+                      f"the same lookup timed twice); load average {load0:.2f} -> "
                       f"{load1:.2f}; clock resolution {t.resolution:.0e} s; table {rows} x {d}, {bags} bags of {length}, "
                       "sum pooling")
             res.add("overhead", f"timing_resolution_{shape}", "aa_relative_difference", aa, unit="ratio",
                     dtype="float32", status="pass", detail=common)
             for name, checked, base, dt, what in overhead.EMBEDDING_COMPARISONS:
                 ov = t.overhead(checked, base)
+                lo, hi = t.interval(checked, base)
                 thr = overhead.TARGETS["embedding_bag"]
                 res.add("overhead", f"{name}_{shape}", "abft_overhead", ov, threshold=thr, unit="ratio", dtype=dt,
                         status="pass" if ov <= thr else "fail",
-                        detail=f"{what}: unchecked {t.median[base] * 1e3:.3f} ms, checked {t.median[checked] * 1e3:.3f}"
+                        detail=f"{what}: {ov:+.2%} (95% interval {lo:+.2%} .. {hi:+.2%}); unchecked {t.median[base] * 1e3:.3f} ms, checked {t.median[checked] * 1e3:.3f}"
                                f" ms (wall {t.wall[base] * 1e3:.3f} / {t.wall[checked] * 1e3:.3f} ms); {common}")
             del ef
 
