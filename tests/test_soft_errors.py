@@ -214,11 +214,15 @@ def test_checked_embedding_bag_is_right_quiet_when_clean_and_detects_a_table_fli
 
 @settings(max_examples=80, deadline=None)
 @given(m=st.integers(1, 90), k=st.integers(1, 200), n=st.integers(1, 90), dist=st.sampled_from(campaign.DISTRIBUTIONS),
-       flips=st.integers(0, 2), bit=st.integers(0, 31), seed=st.integers(0, 2**31))
-def test_lower_bound_fast_path_reaches_the_verdict_of_the_exact_thresholds(m, k, n, dist, flips, bit, seed):
+       flips=st.integers(0, 2), bit=st.integers(0, 31), seed=st.integers(0, 2**31), primed=st.booleans())
+def test_lower_bound_fast_path_reaches_the_verdict_of_the_exact_thresholds(m, k, n, dist, flips, bit, seed, primed):
+    # primed: the two-operation device verdict prepared before the product (what checked_mm runs)
     g = torch.Generator().manual_seed(seed)
     a, b = campaign.random_matrix((m, k), dist, g), campaign.random_matrix((k, n), dist, g)
     enc = abft.encode_gemm(a, b)
+    if primed:
+        abft._prime(enc, None)
+        assert enc.rows.fast is not None
     acc = a @ b
     rng = random.Random(seed)
     for _ in range(flips):

@@ -149,19 +149,63 @@ class RowChecks:
     """Reference side of the weighted row checks of ``C = A B + e v^T + u e^T`` (C: M x N).
 
     ``v`` (N,) is a bias added to every row (a Linear bias), ``u`` (M,) one added to every column
-    (the transposed problem of a Linear with bias). ``ref`` (2 x M, host) is
-    ``W^T (A B + e v^T + u e^T)^T`` computed from the operands; ``vnorm`` (2,) the norms of the rows
-    of ``[W^T B^T | W^T v | W^T e]``; ``rnorm`` the norm of ``r = [|B| e; sum|v|; N]``, computed
-    on first need.
+    (the transposed problem of a Linear with bias). ``src`` (2 x M, a tensor on the device or a host
+    array) is ``W^T (A B + e v^T + u e^T)^T`` computed from the operands (``ref``: its host fp64
+    copy, made on first need); ``vnorm`` (2,) the norms of the rows of ``[W^T B^T | W^T v | W^T e]``;
+    ``rnorm`` the norm of ``r = [|B| e; sum|v|; N]``, computed on first need.
     """
 
-    ref: np.ndarray
+    src: torch.Tensor | np.ndarray
     vnorm: np.ndarray
     a: torch.Tensor
     b: torch.Tensor
     v: torch.Tensor | None = None
     u: torch.Tensor | None = None
     rnorm: float | None = None
+    _ref: np.ndarray | None = field(default=None, repr=False)
+    #: ``(key, -ref, 1 / lower-bound threshold, W)`` with tensors on the device, made by :meth:`prime`
+    fast: tuple[Any, torch.Tensor, torch.Tensor, torch.Tensor] | None = field(default=None, repr=False)
+
+    @property
+    def ref(self) -> np.ndarray:
+        if self._ref is None:
+            self._ref = self.src.astype(np.float64) if isinstance(self.src, np.ndarray) else _host(self.src)
+        return self._ref
+
+    def _weights(self, factor: float, tiny: float) -> np.ndarray:
+        vn = np.maximum(self.vnorm, tiny)
+        return (float(vn.max()) * factor * (1.0 - 2.0**-16)) / vn
+
+    def lower_bound(self, factor: float, det: float, tiny: float) -> np.ndarray:
+        """Lower bound of every row's threshold that needs no ``||a_i||`` (host, fp64).
+
+        ``||a_i|| ||r|| >= |ref_wi| vmax / vn_w`` (Cauchy-Schwarz, ``|B w| <= r``), so
+        ``det |ref_0i| + tiny + factor max_w(|ref_wi| vmax / vn_w)`` is one; (1 - 2^-16) keeps it one
+        despite its own rounding.
+        """
+        with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+            cw = self._weights(factor, tiny)
+            refabs = np.abs(self.ref)
+            lbt = np.maximum(refabs[0] * cw[0], refabs[1] * cw[1])
+            lbt += refabs[0] * det
+            lbt += tiny
+        return lbt
+
+    def prime(self, key: Any, factor: float, det: float, tiny: float) -> None:
+        """Prepare the post-product verdict of :func:`verify_gemm` as two device operations.
+
+        Done before the product: right after a large GEMM the caches are cold and every small
+        operation costs several times more (10-30 us each on a 2-core x86 host), so the work left
+        for after it is the pass over the product fused with the difference (``W^T C^T - ref``,
+        one addmm) and ``max |.| / lower bound`` (one scaled max-norm). ``key`` names the
+        arguments of the verification this is valid for.
+        """
+        r = self.src if isinstance(self.src, torch.Tensor) else torch.from_numpy(self.src)
+        cw = self._weights(factor, tiny)
+        ra = r.abs()
+        lbt = torch.maximum(ra[0] * float(cw[0]), ra[1] * float(cw[1]))
+        lbt.add_(ra[0], alpha=det).add_(tiny)
+        self.fast = (key, r.neg(), lbt.reciprocal_(), check_weights(self.b.shape[1], r.device, r.dtype))
 
     @property
     def k(self) -> int:
@@ -212,7 +256,7 @@ def _encode_rows(a: torch.Tensor, b: torch.Tensor, v: torch.Tensor | None = None
         ew = wt.sum(1)
         ref.addr_(ew, u.to(ref.dtype))
         extra.append(ew)
-    return RowChecks(_host(ref), _vnorm(vt, *extra), a, b, v, u)
+    return RowChecks(ref, _vnorm(vt, *extra), a, b, v, u)
 
 
 @dataclass
@@ -294,6 +338,16 @@ def _gemm_constants(k: int, m: int, n: int, u: float, lam: float, u_out: float, 
     return hit
 
 
+def _prime(enc: GemmEncoding, lam: float | None, u_out: float = 0.0) -> None:
+    """Prepare the fast verdict of ``enc``'s row checks for ``verify_gemm(enc, c, lam=lam, u_out=u_out)``
+    with an fp32 ``c`` (see :meth:`RowChecks.prime`), before the product."""
+    rc = enc.rows
+    if rc is not None and enc.cols is None and not enc.exact and enc.m and enc.n:
+        key = (lam, None, u_out, torch.float32, (enc.m, enc.n))
+        rc.prime(key, *_gemm_constants(rc.k, enc.m, enc.n, UNIT_ROUNDOFF[torch.float32],
+                                       GEMM_LAMBDA if lam is None else lam, u_out, torch.float32))
+
+
 def _verify_rows(rc: RowChecks, c: torch.Tensor, *, u: float, lam: float, u_out: float, exact_ratio: bool = False
                  ) -> tuple[list[int], float, bool]:
     """Flagged rows (first 16), the largest ratio and whether a verdict was possible.
@@ -308,26 +362,17 @@ def _verify_rows(rc: RowChecks, c: torch.Tensor, *, u: float, lam: float, u_out:
     got = _host(check_weights(n, c.device, c.dtype) @ c.t(), f64=False)  # (2, M): one pass over C
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
         diff = np.abs(got - rc.ref).max(0)
-        refabs = np.abs(rc.ref)
-        vn = np.maximum(rc.vnorm, tiny)
-        vmax = float(vn.max())
         if exact_ratio:
             cand = np.arange(m)
             ratio = np.full(m, np.nan)
         else:
-            # A lower bound of the threshold in few operations (they run with cold caches right after
-            # the product): ||a_i|| ||r|| >= |ref_wi| ||r|| / ||B w|| >= |ref_wi| vmax / vn_w, and
-            # det |ref_0i| + max_w(.) >= max((det + c_0) |ref_0i|, c_1 |ref_1i|); (1 - 2^-16) keeps it
-            # a lower bound despite its own rounding.
-            cw = (vmax * factor * (1.0 - 2.0**-16)) / vn
-            lbt = np.maximum(refabs[0] * (det + cw[0]), refabs[1] * cw[1])
-            lbt += tiny
-            ratio = diff / lbt
+            ratio = diff / rc.lower_bound(factor, det, tiny)
             worst = float(ratio.max())  # NaN when anything is not finite
             if worst <= 1.0:
                 return [], worst, True
             cand = np.flatnonzero(~(ratio <= 1.0))
-        base = refabs[0] * det + tiny  # the same-sign term, exact
+        vmax = float(np.maximum(rc.vnorm, tiny).max())
+        base = np.abs(rc.ref[0]) * det + tiny  # the same-sign term, exact
         d_c, base_c = diff[cand], base[cand]
         na = rc.row_norms(cand)
         thr = base_c + na * (factor * vmax)
@@ -350,6 +395,15 @@ def verify_gemm(enc: GemmEncoding, c: torch.Tensor, *, dtype: torch.dtype, lam: 
     that was rounded to a narrower dtype before the check; ``exact_ratio`` evaluates the exact
     threshold of every row (same verdict, exact ``max_ratio``, slower). Returns a :class:`CheckReport`.
     """
+    fast = enc.rows.fast if enc.rows is not None else None
+    if fast is not None and not exact_ratio and fast[0] == (lam, u, u_out, c.dtype, tuple(c.shape)):
+        # primed (RowChecks.prime): W^T C^T - ref in the one pass over C, then the largest
+        # |difference| / lower-bound threshold; 2^-15 below 1 covers the fp32 rounding of that bound,
+        # of its reciprocal and of the difference
+        d = torch.addmm(fast[1], fast[3], c.t())
+        worst = float(torch.linalg.vector_norm(d.mul_(fast[2]), float("inf")))
+        if worst <= 1.0 - 2.0**-15:  # NaN (something not finite) falls through to the full check
+            return CheckReport(op, _dt(dtype), False, worst, True, [], [], None, (enc.m, enc.k, enc.n))
     shape = (enc.m, enc.k, enc.n)
     rows: list[int] = []
     cols: list[int] = []
@@ -414,6 +468,8 @@ def checked_mm(a: torch.Tensor, b: torch.Tensor, *, checks: str = "row", lam: fl
         return c, verify_gemm(enc, c, dtype=a.dtype, op="gemm")
     a32, b32 = (a, b) if a.dtype == torch.float32 else (a.float(), b.float())
     enc = encode_gemm(a32, b32, checks)
+    if not exact_ratio and not check_rounded:
+        _prime(enc, lam)
     acc = a32 @ b32
     if a.dtype == torch.float32:
         return acc, verify_gemm(enc, acc, dtype=a.dtype, lam=lam, exact_ratio=exact_ratio)
@@ -468,11 +524,16 @@ def verify_linear(enc: LinearEncoding, x2: torch.Tensor, y2: torch.Tensor, *, dt
 
     Costs one pass over ``x2`` (the reference checksums) and one over ``y2``.
     """
+    return verify_gemm(encode_linear_input(enc, x2), y2, dtype=dtype, lam=lam, u=u, u_out=u_out, op=op,
+                       exact_ratio=exact_ratio)
+
+
+def encode_linear_input(enc: LinearEncoding, x2: torch.Tensor) -> GemmEncoding:
+    """The reference side of ``x2 W^T + b`` from the layer's encoding: one pass over ``x2`` (2-D)."""
     with torch.no_grad():
         ref = torch.addmm(enc.vw[:, None], enc.vt, x2.t()) if enc.vw is not None else enc.vt @ x2.t()
-        rc = RowChecks(_host(ref), enc.vnorm, x2, enc.w.t(), enc.bias, None, enc.rnorm)
-        ge = GemmEncoding(x2.shape[0], x2.shape[1], enc.w.shape[0], rows=rc, bias=enc.bias)
-        return verify_gemm(ge, y2, dtype=dtype, lam=lam, u=u, u_out=u_out, op=op, exact_ratio=exact_ratio)
+        rc = RowChecks(ref, enc.vnorm, x2, enc.w.t(), enc.bias, None, enc.rnorm)
+        return GemmEncoding(x2.shape[0], x2.shape[1], enc.w.shape[0], rows=rc, bias=enc.bias)
 
 
 class _LinearCache:
@@ -512,8 +573,11 @@ def checked_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
     x2 = x.reshape(-1, x.shape[-1])
     if x2.dtype != enc.w.dtype:
         x2 = x2.to(enc.w.dtype)
+    ge = encode_linear_input(enc, x2)  # the pass over x before the product, as for checked_mm
+    if not exact_ratio:
+        _prime(ge, lam)
     acc = F.linear(x2, enc.w, enc.bias)
-    rep = verify_linear(enc, x2, acc, dtype=x.dtype, lam=lam, exact_ratio=exact_ratio)
+    rep = verify_gemm(ge, acc, dtype=x.dtype, lam=lam, op="linear", exact_ratio=exact_ratio)
     y = acc if acc.dtype == x.dtype else acc.to(x.dtype)
     return y.reshape(*x.shape[:-1], enc.w.shape[0]), rep
 
