@@ -6,6 +6,7 @@ import contextlib
 import json
 import math
 import random
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -399,7 +400,8 @@ def test_pooled_reference_equals_an_fp64_embedding_bag_for_any_bag_layout(rows, 
     idx = torch.randint(0, rows, (sum(lengths),), generator=g)
     off = torch.tensor([0, *torch.tensor(lengths).cumsum(0)[:-1].tolist()])
     psw = torch.rand(idx.numel(), generator=g) if weighted and mode == "sum" else None
-    got, fp64 = abft._pooled(col, idx, off, mode, len(lengths), psw)
+    pooled, fp64 = abft._pooled(col, idx, off, mode, len(lengths), psw)
+    got = pooled.double().numpy()
     ref = F.embedding_bag(idx, col.double(), off, mode=mode,
                           per_sample_weights=psw.double() if psw is not None else None)[:, 0]
     assert got.shape == (len(lengths),)
@@ -427,3 +429,29 @@ def test_a_bag_output_corrupted_beyond_the_norms_range_is_flagged_not_waved_thro
     assert (rep.alarm and 3 in rep.rows) or not rep.checked, rep.describe()
     if math.isfinite(value):
         assert rep.alarm and rep.rows == [3]
+
+
+@pytest.mark.parametrize("kind", ["bag_offsets", "bag_2d", "bag_last_offset", "bag_weighted", "bag_mean", "embedding"])
+def test_protect_checks_every_kind_of_lookup_once_and_flags_a_corrupted_one(kind):
+    torch.manual_seed(3)
+    if kind == "embedding":
+        mod, args = torch.nn.Embedding(80, 24), (torch.randint(0, 80, (6, 7)),)
+    else:
+        mode = "mean" if kind == "bag_mean" else "sum"
+        mod = torch.nn.EmbeddingBag(80, 24, mode=mode, include_last_offset=kind == "bag_last_offset")
+        idx = torch.randint(0, 80, (50,))
+        off = torch.tensor([0, 4, 4, 19, 33])  # ragged, one empty bag
+        args = {"bag_2d": (idx[:48].reshape(6, 8),),
+                "bag_last_offset": (idx, torch.cat([off, torch.tensor([50])])),
+                "bag_weighted": (idx, off, torch.rand(50))}.get(kind, (idx, off))
+    pooled = []
+    real = abft.bag_reference
+    with torch.no_grad(), protect(mod) as guard, mock.patch.object(abft, "bag_reference",
+                                                                     lambda *a, **k: pooled.append(1) or real(*a, **k)):
+        clean = mod(*args)
+        assert guard.checks == 1 and not guard.alarms and len(pooled) == 1  # one row-sum gather per call
+        with inject.flip_module_output(mod, seed=2, bit_class="exponent", name="emb") as recs:
+            mod(*args)
+    assert recs and len(guard.alarms) == 1, [a.describe() for a in guard.alarms]
+    ref = F.embedding(args[0], mod.weight) if kind == "embedding" else None
+    assert ref is None or torch.equal(clean, ref)

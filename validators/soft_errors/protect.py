@@ -148,8 +148,7 @@ def protect(model: nn.Module, *, lam: float | None = None, linear: bool = True, 
     for name, mod in model.named_modules():
         if linear and isinstance(mod, nn.Linear):
             guard.handles.append(mod.register_forward_hook(_linear_hook(guard, name, lam, exact_ratios)))
-        elif embeddings and isinstance(mod, nn.EmbeddingBag):
-            guard.handles.append(mod.register_forward_hook(_embedding_hook(guard, name, lam, True, exact_ratios)))
-        elif embeddings and isinstance(mod, nn.Embedding):
-            guard.handles.append(mod.register_forward_hook(_embedding_hook(guard, name, lam, False, exact_ratios)))
+        elif embeddings and isinstance(mod, (nn.EmbeddingBag, nn.Embedding)):
+            hook = _embedding_hook(guard, name, lam, isinstance(mod, nn.EmbeddingBag), exact_ratios)
+            guard.handles.append(mod.register_forward_hook(hook))
     return guard
