@@ -606,8 +606,9 @@ def _soft_error_blocks(df: pd.DataFrame, multi: bool, ids: _Ids) -> list[dict[st
             ]
         )
         blocks.append(table(headers, body, cls="pvf", caption="PVF per layer, highest first"))
-    # the checker's overheads (metric abft_overhead, ...), not the A/A timing-resolution rows beside them
-    over = df[df["check"].str.contains("overhead") & df["metric"].str.contains("overhead")]
+    # the checker's overheads (metric abft_overhead, ...) and the floors of its memory traffic
+    # (abft_floor), not the A/A timing-resolution rows beside them
+    over = df[df["check"].str.contains("overhead") & df["metric"].str.contains("overhead|floor")]
     if len(over):
         over = over.sort_values("value", ascending=False, kind="stable")
         shown = over.head(charts.MAX_BARS)
@@ -623,7 +624,8 @@ def _soft_error_blocks(df: pd.DataFrame, multi: bool, ids: _Ids) -> list[dict[st
                     xlabel=f"overhead ({unit})" if unit else "overhead",
                     uid=ids(),
                 ),
-                "Extra time of the protected operator over the unprotected one, measured side by side.",
+                "Extra time of the protected operator over the unprotected one, measured side by side "
+                "(abft_floor: the bare memory traffic of a check, without its verdict).",
             )
         )
         blocks.append(_rows_table(over, multi, cls="overheads", caption="Checker overheads"))

@@ -49,8 +49,13 @@ def test_passing_qualification_exits_0_and_writes_every_output(fake, capsys):
     df = pd.read_csv(out / "results.csv")
     assert list(df["check"]) == ["good_check"] and set(df["status"]) == {"pass"}
     assert ET.parse(out / "junit.xml").getroot().find(".//testcase").get("classname") == "mystique.numerics"
-    assert "mystique qualify: 1 checks, 0 failed" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "mystique qualify: 1 checks, 0 failed" in printed
     assert not [p for p in fake.iterdir() if p.name.startswith(".q.")]  # no staging folder left behind
+    # pytest's header and our summary name the folder the user gets, not the staging folder (only
+    # pytest's own junitxml line names the file where it was written)
+    assert f"results: {out / 'results.csv'}" in printed and f"report dir {out}" in printed
+    assert not [ln for ln in printed.splitlines() if ".q." in ln and "generated xml file" not in ln]
 
 
 def test_failing_check_exits_1_and_keeps_the_evidence(fake, capsys):

@@ -68,6 +68,16 @@ class QualState:
     report_html: Path | None = None
     report_note: str = ""
     written: bool = False
+    shown_as: Path | None = None
+
+    def shown(self, path: Path) -> Path:
+        """``path`` under the report folder as the user will find it (see ``--mystique-report-shown-as``)."""
+        if self.shown_as is None or self.report_dir is None:
+            return path
+        try:
+            return self.shown_as / path.relative_to(self.report_dir)
+        except ValueError:
+            return path
 
 
 STATE_KEY = pytest.StashKey[QualState]()
@@ -94,6 +104,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="Seed of every random choice of the checks (default: 0).")
     group.addoption("--mystique-report-dir", default=None, metavar="DIR",
                     help="Write DIR/results.csv and DIR/report.html at the end of the session.")
+    group.addoption("--mystique-report-shown-as", default=None, metavar="DIR",
+                    help="Name DIR instead of --mystique-report-dir in the header and summary (for a "
+                         "caller that moves the report folder there afterwards, as `mystique qualify` does).")
     group.addoption("--mystique-validators", default=None, metavar="NAMES",
                     help="Comma-separated validators to run: short names of mystique.validators.* or "
                          "dotted module paths (default: ini mystique_validators, else "
@@ -137,6 +150,8 @@ def pytest_configure(config: pytest.Config) -> None:
         seed=config.getoption("mystique_seed"), report_dir=Path(report_dir) if report_dir else None,
         validators=validators,
     )
+    shown_as = config.getoption("mystique_report_shown_as")
+    state.shown_as = Path(shown_as) if shown_as else None
     from mystique.errors import EnvironmentUnsupported, UsageError
     from mystique.results import RunContext
     from mystique.targets import make_target
@@ -165,7 +180,7 @@ def pytest_report_header(config: pytest.Config) -> list[str] | None:
         f"mystique: level {state.level}, seed {state.seed}, validators {', '.join(state.validators)}",
     ]
     if state.report_dir is not None:
-        lines.append(f"mystique: report dir {state.report_dir}")
+        lines.append(f"mystique: report dir {state.shown(state.report_dir)}")
     return lines
 
 
@@ -234,9 +249,9 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     terminalreporter.section("mystique qualification")
     terminalreporter.write_line(f"{state.target.label}: {len(df)} checks" + (f" ({parts})" if parts else ""))
     if state.written:
-        terminalreporter.write_line(f"results: {state.report_dir / 'results.csv'}")
+        terminalreporter.write_line(f"results: {state.shown(state.report_dir / 'results.csv')}")
     if state.report_html is not None:
-        terminalreporter.write_line(f"report:  {state.report_html}")
+        terminalreporter.write_line(f"report:  {state.shown(state.report_html)}")
     if state.report_note:
         terminalreporter.write_line(state.report_note)
 

@@ -27,7 +27,7 @@ _PYTEST_OK, _PYTEST_FAILED, _PYTEST_INTERRUPTED, _PYTEST_INTERNAL, _PYTEST_USAGE
 
 def pytest_args(stage: Path, *, device: str, inject: str | None, level: str, seed: int,
                 validators: Sequence[str] | None = None, keyword: str | None = None,
-                quiet: bool = False) -> list[str]:
+                quiet: bool = False, shown_as: str | os.PathLike | None = None) -> list[str]:
     """The command line of the inner pytest session, isolated from the caller's project.
 
     The (empty) staging folder is the only path argument and the current folder the rootdir, so
@@ -50,6 +50,8 @@ def pytest_args(stage: Path, *, device: str, inject: str | None, level: str, see
         args += ["-k", keyword]
     if quiet:
         args += ["-q"]
+    if shown_as is not None:  # the staging folder becomes OUT_DIR: name that in pytest's summary
+        args += ["--mystique-report-shown-as", str(shown_as)]
     return args
 
 
@@ -81,7 +83,8 @@ def qualify(output: str | os.PathLike, *, device: str = "cpu", inject: str | Non
     make_target(device, inject)  # bad input and absent devices are reported before anything runs
     with staged_output_dir(output, force) as stage:
         rc = int(pytest.main(pytest_args(stage, device=device, inject=inject, level=level, seed=seed,
-                                         validators=validators, keyword=keyword, quiet=quiet)))
+                                         validators=validators, keyword=keyword, quiet=quiet,
+                                         shown_as=output)))
         csv = stage / "results.csv"
         df = results.read_csv(csv) if csv.exists() else results.to_frame([])
         if rc == _PYTEST_USAGE:

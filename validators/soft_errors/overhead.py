@@ -195,9 +195,17 @@ def gemm_functions(n: int, device: str, seed: int) -> dict[str, Callable[[], Any
             raise RuntimeError(f"clean checked Linear raised an alarm: {rep.describe()}")
         return out
 
+    wt = abft.check_weights(n, a.device, a.dtype)
+
+    def bare_passes() -> Any:  # the memory traffic of any unfused check, without its verdict
+        ref = (wt @ b.t()) @ a.t()
+        c = a @ b
+        return c, ref, wt @ c.t()
+
     return {
         "mm": lambda: a @ b,
         "mm_again": lambda: a @ b,
+        "mm_bare_passes": bare_passes,
         "checked_mm": checked_mm,
         "linear": lambda: F.linear(a, w, bias),
         "checked_linear": checked_linear,
@@ -211,6 +219,12 @@ GEMM_COMPARISONS = (
     ("linear", "checked_linear", "linear", "checked_linear(x, W, b) vs F.linear (cached weight encoding: "
                                            "passes over x and y)"),
     ("protect_linear", "protected_linear_module", "linear_module", "nn.Linear under protect() vs plain nn.Linear"),
+)
+#: informational rows: what the memory traffic of a check costs with no verdict at all (the floor
+#: of an unfused checker on this host)
+GEMM_FLOORS = (
+    ("gemm_passes_floor", "mm_bare_passes", "mm", "a @ b plus the three bare passes B W, A (B W), C W (torch "
+                                                  "ops only, no verdict) vs a @ b"),
 )
 
 
@@ -231,6 +245,7 @@ class EmbeddingFunctions:
         self.guarded = torch.nn.EmbeddingBag(rows, dim, mode="sum", _weight=weight)
         self.guard = protect(self.guarded)
         self.qt = abft.QuantizedTable.from_float(source)
+        self.rowsum = self.table.checks.rowsum[:, 0]
         self.device = device
         self.offsets = torch.arange(0, self.n, length, device=device)
         self.idx = torch.zeros(self.n, dtype=torch.int64, device=device)
@@ -260,6 +275,8 @@ class EmbeddingFunctions:
             "embedding_bag_8bit": lambda: abft.quantized_embedding_bag(self.qt, self.idx, self.offsets),
             "checked_embedding_bag_8bit": lambda: self._ok(
                 abft.checked_quantized_embedding_bag(self.qt, self.idx, self.offsets)),
+            "embedding_bag_bare_gather": lambda: (F.embedding_bag(self.idx, self.w, self.offsets, mode="sum"),
+                                                  self.rowsum.index_select(0, self.idx)),
         }
 
 
@@ -270,4 +287,9 @@ EMBEDDING_COMPARISONS = (
      "8-bit row-wise fused kernel + the lookup over the R x 1 row-sum table vs the fused kernel alone"),
     ("protect_embedding_bag", "protected_embedding_bag_module", "embedding_bag_module", "float32",
      "nn.EmbeddingBag under protect() (forward hook: lookup over the R x 1 row-sum table) vs plain"),
+)
+EMBEDDING_FLOORS = (
+    ("embedding_bag_gather_floor", "embedding_bag_bare_gather", "embedding_bag",
+     "F.embedding_bag plus the bare gather of one 4-byte row sum per index (no sums, no verdict) vs "
+     "F.embedding_bag"),
 )

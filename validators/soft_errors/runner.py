@@ -13,7 +13,8 @@ Groups (``groups(level)``):
 * ``sdc_screen``         repeat-and-compare screening with fp64 goldens;
 * ``overhead``           checked / unchecked time - 1 of the product's checked paths: fp32 GEMM, Linear and
                          protected Linear (n >= 1024: target 5%), EmbeddingBag fp32 / 8-bit / protected
-                         (target 10%), with an A/A row giving the resolution (seeded random order each
+                         (target 10%), with an A/A row giving the resolution and ``abft_floor`` rows (the
+                         bare memory traffic of a check, no verdict) (seeded random order each
                          round, median of paired ratios with a 95% order-statistics interval; see
                          :mod:`.overhead`).
 
@@ -415,6 +416,12 @@ def _group_overhead(res: Results, target: Any, seed: int, opts: dict[str, Any]) 
                                f"unchecked {t.median[base] * 1e3:.3f} ms, checked {t.median[checked] * 1e3:.3f}"
                                f" ms (wall {t.wall[base] * 1e3:.3f} / {t.wall[checked] * 1e3:.3f} ms); {common}"
                                + ("" if thr is not None else f"; the target applies at n >= {overhead.GEMM_TARGET_MIN_N}"))
+            for name, checked, base, what in overhead.GEMM_FLOORS:
+                lo, hi = t.interval(checked, base)
+                res.add("overhead", f"{name}_{n}", "abft_floor", t.overhead(checked, base), unit="ratio",
+                        dtype="float32", status="pass",
+                        detail=f"{what}: {t.overhead(checked, base):+.2%} (95% interval {lo:+.2%} .. {hi:+.2%}); "
+                               f"{common}")
             del fns
         for rows, d, bags, length in opts["overhead_tables"]:
             shape = f"{rows}x{d}_b{bags}_l{length}"
@@ -441,6 +448,12 @@ def _group_overhead(res: Results, target: Any, seed: int, opts: dict[str, Any]) 
                         status="pass" if ov <= thr else "fail",
                         detail=f"{what}: {ov:+.2%} (95% interval {lo:+.2%} .. {hi:+.2%}); unchecked {t.median[base] * 1e3:.3f} ms, checked {t.median[checked] * 1e3:.3f}"
                                f" ms (wall {t.wall[base] * 1e3:.3f} / {t.wall[checked] * 1e3:.3f} ms); {common}")
+            for name, checked, base, what in overhead.EMBEDDING_FLOORS:
+                lo, hi = t.interval(checked, base)
+                res.add("overhead", f"{name}_{shape}", "abft_floor", t.overhead(checked, base), unit="ratio",
+                        dtype="float32", status="pass",
+                        detail=f"{what}: {t.overhead(checked, base):+.2%} (95% interval {lo:+.2%} .. {hi:+.2%}); "
+                               f"{common}")
             del ef
 
 
