@@ -6,9 +6,10 @@ GEMM ``C = A @ B`` (A: M x K, B: K x N) is checked with two weighted row checksu
 
 where ``e`` is all ones and ``s`` a fixed pseudo-random +-1 pattern (:func:`check_weights`). The
 reference side costs one pass over B (``B W``) and one over A; the check one pass over C, so the
-whole check is three memory passes (about 3 x 1.5% of an n = 1024 fp32 GEMM on one core). The
-second weight vector keeps an operand flip from hiding: a flip of ``a_ik`` moves row ``i`` of the
-plain row sum by ``delta (B e)_k``, which can cancel; it cannot cancel in ``B e`` and ``B s`` at once.
+whole check is three memory passes (measured +3.5-5% of an n = 1024 fp32 GEMM on one core of this
+host: the ``abft_floor`` rows of the overhead group). The second weight vector keeps an operand
+flip from hiding: a flip of ``a_ik`` moves row ``i`` of the plain row sum by ``delta (B e)_k``,
+which can cancel; it cannot cancel in ``B e`` and ``B s`` at once.
 When a row check fires, the column checks ``e^T C`` against ``(e^T A) B`` (the same weighted pair on
 the transposed problem) run as well, to locate the flipped element; ``checks="col"`` or ``"both"``
 runs them always.
@@ -124,14 +125,21 @@ def _dt(dtype: torch.dtype) -> str:
 _WEIGHTS: dict[tuple[int, str, torch.dtype], torch.Tensor] = {}
 
 
+#: rows of the checksum weights: ones and CHECK_VECTORS - 1 pseudo-random +-1 patterns. Two: with
+#: four, MKL's product with four right-hand sides cost +8.4% of an n = 1024 GEMM instead of +4.5-5%
+#: (the abft_floor row, side by side on this host), more than the rarer exact-norm fallback saves.
+CHECK_VECTORS = 2
+
+
 def check_weights(n: int, device: torch.device | str, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """The (2 x n) checksum weights ``[e | s]^T``: ones, and a fixed pseudo-random +-1 pattern (cached)."""
+    """The (CHECK_VECTORS x n) checksum weights ``[e | s]^T``: ones, and fixed pseudo-random +-1
+    patterns (cached)."""
     key = (n, str(device), dtype)
     w = _WEIGHTS.get(key)
     if w is None:
         g = torch.Generator().manual_seed(_CHECK_SEED)
-        signs = torch.randint(0, 2, (n,), generator=g).mul_(2).sub_(1)
-        w = torch.stack([torch.ones(n, dtype=torch.int64), signs]).to(device=device, dtype=dtype)
+        signs = torch.randint(0, 2, (CHECK_VECTORS - 1, n), generator=g).mul_(2).sub_(1)
+        w = torch.cat([torch.ones(1, n, dtype=torch.int64), signs]).to(device=device, dtype=dtype)
         if len(_WEIGHTS) >= _MAX_CACHED:
             _WEIGHTS.clear()
         _WEIGHTS[key] = w
@@ -149,9 +157,9 @@ class RowChecks:
     """Reference side of the weighted row checks of ``C = A B + e v^T + u e^T`` (C: M x N).
 
     ``v`` (N,) is a bias added to every row (a Linear bias), ``u`` (M,) one added to every column
-    (the transposed problem of a Linear with bias). ``src`` (2 x M, a tensor on the device or a host
+    (the transposed problem of a Linear with bias). ``src`` (P x M, a tensor on the device or a host
     array) is ``W^T (A B + e v^T + u e^T)^T`` computed from the operands (``ref``: its host fp64
-    copy, made on first need); ``vnorm`` (2,) the norms of the rows of ``[W^T B^T | W^T v | W^T e]``;
+    copy, made on first need); ``vnorm`` (P,) the norms of the rows of ``[W^T B^T | W^T v | W^T e]``;
     ``rnorm`` the norm of ``r = [|B| e; sum|v|; N]``, computed on first need.
     """
 
@@ -186,7 +194,7 @@ class RowChecks:
         with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
             cw = self._weights(factor, tiny)
             refabs = np.abs(self.ref)
-            lbt = np.maximum(refabs[0] * cw[0], refabs[1] * cw[1])
+            lbt = (refabs * cw[:, None]).max(0)
             lbt += refabs[0] * det
             lbt += tiny
         return lbt
@@ -203,7 +211,7 @@ class RowChecks:
         r = self.src if isinstance(self.src, torch.Tensor) else torch.from_numpy(self.src)
         cw = self._weights(factor, tiny)
         ra = r.abs()
-        lbt = torch.maximum(ra[0] * float(cw[0]), ra[1] * float(cw[1]))
+        lbt = ra.mul(torch.from_numpy(cw).to(ra)[:, None]).amax(0)
         lbt.add_(ra[0], alpha=det).add_(tiny)
         self.fast = (key, r.neg(), lbt.reciprocal_(), check_weights(self.b.shape[1], r.device, r.dtype))
 
@@ -245,8 +253,8 @@ def _vnorm(vt: torch.Tensor, *extra: torch.Tensor) -> np.ndarray:
 def _encode_rows(a: torch.Tensor, b: torch.Tensor, v: torch.Tensor | None = None,
                  u: torch.Tensor | None = None) -> RowChecks:
     wt = check_weights(b.shape[1], b.device, b.dtype)
-    vt = wt @ b.t()  # (2, K): one pass over B
-    ref = vt @ a.t()  # (2, M): one pass over A
+    vt = wt @ b.t()  # (P, K): one pass over B
+    ref = vt @ a.t()  # (P, M): one pass over A
     extra = []
     if v is not None:
         vw = wt @ v.to(vt.dtype)
@@ -348,20 +356,22 @@ def _prime(enc: GemmEncoding, lam: float | None, u_out: float = 0.0) -> None:
                                        GEMM_LAMBDA if lam is None else lam, u_out, torch.float32))
 
 
-def _verify_rows(rc: RowChecks, c: torch.Tensor, *, u: float, lam: float, u_out: float, exact_ratio: bool = False
-                 ) -> tuple[list[int], float, bool]:
+def _verify_rows(rc: RowChecks, c: torch.Tensor, *, u: float, lam: float, u_out: float, exact_ratio: bool = False,
+                 diff: np.ndarray | None = None) -> tuple[list[int], float, bool]:
     """Flagged rows (first 16), the largest ratio and whether a verdict was possible.
 
-    ``exact_ratio`` skips the lower-bound thresholds, so that the ratio is exact (for calibration).
+    ``exact_ratio`` skips the lower-bound thresholds, so that the ratio is exact (for calibration);
+    ``diff`` is ``max_w |(W^T C^T - ref)_wi|`` when the caller has it already (no second pass over C).
     """
     m, n = c.shape
     if m == 0:
         return [], 0.0, True
     k = rc.k
     factor, det, tiny = _gemm_constants(k, m, n, u, lam, u_out, c.dtype)
-    got = _host(check_weights(n, c.device, c.dtype) @ c.t(), f64=False)  # (2, M): one pass over C
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
-        diff = np.abs(got - rc.ref).max(0)
+        if diff is None:
+            got = _host(check_weights(n, c.device, c.dtype) @ c.t(), f64=False)  # (P, M): one pass over C
+            diff = np.abs(got - rc.ref).max(0)
         if exact_ratio:
             cand = np.arange(m)
             ratio = np.full(m, np.nan)
@@ -401,9 +411,13 @@ def verify_gemm(enc: GemmEncoding, c: torch.Tensor, *, dtype: torch.dtype, lam: 
         # |difference| / lower-bound threshold; 2^-15 below 1 covers the fp32 rounding of that bound,
         # of its reciprocal and of the difference
         d = torch.addmm(fast[1], fast[3], c.t())
-        worst = float(torch.linalg.vector_norm(d.mul_(fast[2]), float("inf")))
+        worst = float(torch.linalg.vector_norm(d * fast[2], float("inf")))
         if worst <= 1.0 - 2.0**-15:  # NaN (something not finite) falls through to the full check
             return CheckReport(op, _dt(dtype), False, worst, True, [], [], None, (enc.m, enc.k, enc.n))
+        with np.errstate(invalid="ignore"):  # the full check reuses the difference: no second pass over C
+            diff = np.abs(_host(d)).max(0)
+    else:
+        diff = None
     shape = (enc.m, enc.k, enc.n)
     rows: list[int] = []
     cols: list[int] = []
@@ -419,7 +433,7 @@ def verify_gemm(enc: GemmEncoding, c: torch.Tensor, *, dtype: torch.dtype, lam: 
     ratios: list[float] = []
     checked = True
     if enc.rows is not None:
-        rows, r, ok = _verify_rows(enc.rows, c, u=u, lam=lam, u_out=u_out, exact_ratio=exact_ratio)
+        rows, r, ok = _verify_rows(enc.rows, c, u=u, lam=lam, u_out=u_out, exact_ratio=exact_ratio, diff=diff)
         ratios.append(r)
         checked &= ok
     col_enc = enc.cols
@@ -487,7 +501,7 @@ class LinearEncoding:
     """The weight side of a checked ``F.linear(x, W, b)``, computed once per weight version.
 
     ``w``/``bias`` are the weight and bias in the accumulation dtype (the originals when fp32);
-    ``vt`` (2 x K) is ``[e | s]^T W``, ``vw`` (2,) ``[e | s]^T b``, ``vnorm`` the row norms of
+    ``vt`` (P x K) is ``W_chk^T W``, ``vw`` (P,) ``W_chk^T b``, ``vnorm`` the row norms of
     ``[vt | vw]`` and ``rnorm`` the norm of ``[|W|^T e; sum|b|]``.
     """
 
@@ -513,7 +527,7 @@ def encode_linear(weight: torch.Tensor, bias: torch.Tensor | None = None) -> Lin
         vt = wt @ w
         vw = wt @ b if b is not None else None
         vnorm = _vnorm(vt, vw) if vw is not None else _vnorm(vt)
-        rnorm = RowChecks(np.zeros((2, 0)), vnorm, w[:0], w.t(), b).r_norm()
+        rnorm = RowChecks(np.zeros((CHECK_VECTORS, 0)), vnorm, w[:0], w.t(), b).r_norm()
         return LinearEncoding(w, b, vt, vw, vnorm, rnorm)
 
 
