@@ -20,6 +20,7 @@ device synchronisations.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import os
 import random
@@ -71,11 +72,11 @@ class Timings:
     clock: str
     resolution: float
 
-    @property
+    @functools.cached_property
     def median(self) -> dict[str, float]:
         return {k: statistics.median(v) for k, v in self.samples.items()}
 
-    @property
+    @functools.cached_property
     def wall(self) -> dict[str, float]:
         return {k: statistics.median(v) for k, v in self.wall_samples.items()}
 
@@ -215,10 +216,11 @@ def gemm_functions(n: int, device: str, seed: int) -> dict[str, Callable[[], Any
 
 
 GEMM_COMPARISONS = (
-    ("gemm", "checked_mm", "mm", "checked_mm(a, b) vs a @ b (fresh operands: passes over B, A and C)"),
-    ("linear", "checked_linear", "linear", "checked_linear(x, W, b) vs F.linear (cached weight encoding: "
-                                           "passes over x and y)"),
-    ("protect_linear", "protected_linear_module", "linear_module", "nn.Linear under protect() vs plain nn.Linear"),
+    ("gemm", "checked_mm", "mm", "float32", "checked_mm(a, b) vs a @ b (fresh operands: passes over B, A and C)"),
+    ("linear", "checked_linear", "linear", "float32", "checked_linear(x, W, b) vs F.linear (cached weight "
+                                                      "encoding: passes over x and y)"),
+    ("protect_linear", "protected_linear_module", "linear_module", "float32",
+     "nn.Linear under protect() vs plain nn.Linear"),
 )
 #: informational rows: what the memory traffic of a check costs with no verdict at all (the floor
 #: of an unfused checker on this host)

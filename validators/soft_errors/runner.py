@@ -386,6 +386,25 @@ def _group_sdc(res: Results, target: Any, seed: int, opts: dict[str, Any]) -> No
                 status="fail" if r.golden_bad_runs else "pass", detail=r.describe())
 
 
+def _overhead_rows(res: Results, t: Any, suffix: str, comparisons: tuple, floors: tuple, target: float | None,
+                   common: str, note: str = "") -> None:
+    """The ``abft_overhead`` rows of ``comparisons`` (name, checked, base, dtype, what) against ``target``
+    and the informational ``abft_floor`` rows of ``floors`` (name, checked, base, what) from one timing."""
+    for name, checked, base, dt, what in comparisons:
+        ov = t.overhead(checked, base)
+        lo, hi = t.interval(checked, base)
+        res.add("overhead", f"{name}_{suffix}", "abft_overhead", ov, threshold=target, unit="ratio", dtype=dt,
+                status="pass" if target is None or ov <= target else "fail",
+                detail=f"{what}: {ov:+.2%} (95% interval {lo:+.2%} .. {hi:+.2%}); "
+                       f"unchecked {t.median[base] * 1e3:.3f} ms, checked {t.median[checked] * 1e3:.3f}"
+                       f" ms (wall {t.wall[base] * 1e3:.3f} / {t.wall[checked] * 1e3:.3f} ms); {common}{note}")
+    for name, checked, base, what in floors:
+        ov = t.overhead(checked, base)
+        lo, hi = t.interval(checked, base)
+        res.add("overhead", f"{name}_{suffix}", "abft_floor", ov, unit="ratio", dtype="float32", status="pass",
+                detail=f"{what}: {ov:+.2%} (95% interval {lo:+.2%} .. {hi:+.2%}); {common}")
+
+
 def _group_overhead(res: Results, target: Any, seed: int, opts: dict[str, Any]) -> None:
     """``abft_overhead`` rows: checked / unchecked - 1 of the product's checked paths (see :mod:`.overhead`)."""
     dev = target.device
@@ -406,22 +425,10 @@ def _group_overhead(res: Results, target: Any, seed: int, opts: dict[str, Any]) 
                       f"clock resolution {t.resolution:.0e} s; float32 n={n} (M=K=N)")
             res.add("overhead", f"timing_resolution_{n}", "aa_relative_difference", aa, unit="ratio",
                     dtype="float32", status="pass", detail=common)
-            for name, checked, base, what in overhead.GEMM_COMPARISONS:
-                ov = t.overhead(checked, base)
-                lo, hi = t.interval(checked, base)
-                thr = overhead.TARGETS["gemm"] if int(n) >= overhead.GEMM_TARGET_MIN_N else None
-                res.add("overhead", f"{name}_{n}", "abft_overhead", ov, threshold=thr, unit="ratio", dtype="float32",
-                        status="pass" if thr is None or ov <= thr else "fail",
-                        detail=f"{what}: {ov:+.2%} (95% interval {lo:+.2%} .. {hi:+.2%}); "
-                               f"unchecked {t.median[base] * 1e3:.3f} ms, checked {t.median[checked] * 1e3:.3f}"
-                               f" ms (wall {t.wall[base] * 1e3:.3f} / {t.wall[checked] * 1e3:.3f} ms); {common}"
-                               + ("" if thr is not None else f"; the target applies at n >= {overhead.GEMM_TARGET_MIN_N}"))
-            for name, checked, base, what in overhead.GEMM_FLOORS:
-                lo, hi = t.interval(checked, base)
-                res.add("overhead", f"{name}_{n}", "abft_floor", t.overhead(checked, base), unit="ratio",
-                        dtype="float32", status="pass",
-                        detail=f"{what}: {t.overhead(checked, base):+.2%} (95% interval {lo:+.2%} .. {hi:+.2%}); "
-                               f"{common}")
+            applies = int(n) >= overhead.GEMM_TARGET_MIN_N
+            _overhead_rows(res, t, str(n), overhead.GEMM_COMPARISONS, overhead.GEMM_FLOORS,
+                           overhead.TARGETS["gemm"] if applies else None, common,
+                           "" if applies else f"; the target applies at n >= {overhead.GEMM_TARGET_MIN_N}")
             del fns
         for rows, d, bags, length in opts["overhead_tables"]:
             shape = f"{rows}x{d}_b{bags}_l{length}"
@@ -440,20 +447,8 @@ def _group_overhead(res: Results, target: Any, seed: int, opts: dict[str, Any]) 
                       "sum pooling")
             res.add("overhead", f"timing_resolution_{shape}", "aa_relative_difference", aa, unit="ratio",
                     dtype="float32", status="pass", detail=common)
-            for name, checked, base, dt, what in overhead.EMBEDDING_COMPARISONS:
-                ov = t.overhead(checked, base)
-                lo, hi = t.interval(checked, base)
-                thr = overhead.TARGETS["embedding_bag"]
-                res.add("overhead", f"{name}_{shape}", "abft_overhead", ov, threshold=thr, unit="ratio", dtype=dt,
-                        status="pass" if ov <= thr else "fail",
-                        detail=f"{what}: {ov:+.2%} (95% interval {lo:+.2%} .. {hi:+.2%}); unchecked {t.median[base] * 1e3:.3f} ms, checked {t.median[checked] * 1e3:.3f}"
-                               f" ms (wall {t.wall[base] * 1e3:.3f} / {t.wall[checked] * 1e3:.3f} ms); {common}")
-            for name, checked, base, what in overhead.EMBEDDING_FLOORS:
-                lo, hi = t.interval(checked, base)
-                res.add("overhead", f"{name}_{shape}", "abft_floor", t.overhead(checked, base), unit="ratio",
-                        dtype="float32", status="pass",
-                        detail=f"{what}: {t.overhead(checked, base):+.2%} (95% interval {lo:+.2%} .. {hi:+.2%}); "
-                               f"{common}")
+            _overhead_rows(res, t, shape, overhead.EMBEDDING_COMPARISONS, overhead.EMBEDDING_FLOORS,
+                           overhead.TARGETS["embedding_bag"], common)
             del ef
 
 
