@@ -445,8 +445,8 @@ def test_protect_checks_every_kind_of_lookup_once_and_flags_a_corrupted_one(kind
                 "bag_last_offset": (idx, torch.cat([off, torch.tensor([50])])),
                 "bag_weighted": (idx, off, torch.rand(50))}.get(kind, (idx, off))
     pooled = []
-    real = abft.bag_reference
-    with torch.no_grad(), protect(mod) as guard, mock.patch.object(abft, "bag_reference",
+    real = abft._pooled
+    with torch.no_grad(), protect(mod) as guard, mock.patch.object(abft, "_pooled",
                                                                      lambda *a, **k: pooled.append(1) or real(*a, **k)):
         clean = mod(*args)
         assert guard.checks == 1 and not guard.alarms and len(pooled) == 1  # one row-sum gather per call

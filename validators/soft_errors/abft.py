@@ -180,24 +180,22 @@ class RowChecks:
             self._ref = self.src.astype(np.float64) if isinstance(self.src, np.ndarray) else _host(self.src)
         return self._ref
 
-    def _weights(self, factor: float, tiny: float) -> np.ndarray:
-        vn = np.maximum(self.vnorm, tiny)
-        return (float(vn.max()) * factor * (1.0 - 2.0**-16)) / vn
-
-    def lower_bound(self, factor: float, det: float, tiny: float) -> np.ndarray:
-        """Lower bound of every row's threshold that needs no ``||a_i||`` (host, fp64).
+    def _lower_bound(self, ref: torch.Tensor, factor: float, det: float, tiny: float) -> torch.Tensor:
+        """Lower bound of every row's threshold that needs no ``||a_i||``, from ``ref`` (this encoding's
+        reference, as a host fp64 or a device tensor).
 
         ``||a_i|| ||r|| >= |ref_wi| vmax / vn_w`` (Cauchy-Schwarz, ``|B w| <= r``), so
         ``det |ref_0i| + tiny + factor max_w(|ref_wi| vmax / vn_w)`` is one; (1 - 2^-16) keeps it one
         despite its own rounding.
         """
-        with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
-            cw = self._weights(factor, tiny)
-            refabs = np.abs(self.ref)
-            lbt = (refabs * cw[:, None]).max(0)
-            lbt += refabs[0] * det
-            lbt += tiny
-        return lbt
+        vn = np.maximum(self.vnorm, tiny)
+        cw = (float(vn.max()) * factor * (1.0 - 2.0**-16)) / vn
+        ra = ref.abs()
+        return ra.mul(torch.from_numpy(cw).to(ra)[:, None]).amax(0).add_(ra[0], alpha=det).add_(tiny)
+
+    def lower_bound(self, factor: float, det: float, tiny: float) -> np.ndarray:
+        """:meth:`_lower_bound` on the host in fp64."""
+        return self._lower_bound(torch.from_numpy(self.ref), factor, det, tiny).numpy()
 
     def prime(self, key: Any, factor: float, det: float, tiny: float) -> None:
         """Prepare the post-product verdict of :func:`verify_gemm` as two device operations.
@@ -209,10 +207,7 @@ class RowChecks:
         arguments of the verification this is valid for.
         """
         r = self.src if isinstance(self.src, torch.Tensor) else torch.from_numpy(self.src)
-        cw = self._weights(factor, tiny)
-        ra = r.abs()
-        lbt = ra.mul(torch.from_numpy(cw).to(ra)[:, None]).amax(0)
-        lbt.add_(ra[0], alpha=det).add_(tiny)
+        lbt = self._lower_bound(r, factor, det, tiny)
         self.fast = (key, r.neg(), lbt.reciprocal_(), check_weights(self.b.shape[1], r.device, r.dtype))
 
     @property
@@ -538,16 +533,11 @@ def verify_linear(enc: LinearEncoding, x2: torch.Tensor, y2: torch.Tensor, *, dt
 
     Costs one pass over ``x2`` (the reference checksums) and one over ``y2``.
     """
-    return verify_gemm(encode_linear_input(enc, x2), y2, dtype=dtype, lam=lam, u=u, u_out=u_out, op=op,
-                       exact_ratio=exact_ratio)
-
-
-def encode_linear_input(enc: LinearEncoding, x2: torch.Tensor) -> GemmEncoding:
-    """The reference side of ``x2 W^T + b`` from the layer's encoding: one pass over ``x2`` (2-D)."""
     with torch.no_grad():
         ref = torch.addmm(enc.vw[:, None], enc.vt, x2.t()) if enc.vw is not None else enc.vt @ x2.t()
         rc = RowChecks(ref, enc.vnorm, x2, enc.w.t(), enc.bias, None, enc.rnorm)
-        return GemmEncoding(x2.shape[0], x2.shape[1], enc.w.shape[0], rows=rc, bias=enc.bias)
+        ge = GemmEncoding(x2.shape[0], x2.shape[1], enc.w.shape[0], rows=rc, bias=enc.bias)
+        return verify_gemm(ge, y2, dtype=dtype, lam=lam, u=u, u_out=u_out, op=op, exact_ratio=exact_ratio)
 
 
 class _LinearCache:
@@ -684,39 +674,14 @@ def _pooled(col: torch.Tensor, idx: torch.Tensor, off: torch.Tensor | None, mode
     return torch.from_numpy(sums), True
 
 
-@dataclass
-class BagReference:
-    """The reference side of a checked lookup, computable before the lookup itself (:func:`bag_reference`)."""
-
-    idx: torch.Tensor
-    off: torch.Tensor | None
-    mode: str
-    psw: torch.Tensor | None
-    ref: torch.Tensor
-    fp64: bool
-
-
-def bag_reference(checks: EmbeddingChecks, indices: torch.Tensor, offsets: torch.Tensor | None, mode: str,
-                  n_bags: int, per_sample_weights: torch.Tensor | None = None) -> BagReference:
-    """Each bag pooled over ``checks.rowsum`` (it depends on the indices only, so a caller may compute
-    it ahead of the lookup and pass it to :func:`verify_bag_output`)."""
-    if mode == "none":
-        idx, off, psw = indices.reshape(-1), None, None
-    else:
-        (idx, off), psw = _bags_args(indices, offsets), per_sample_weights
-    ref, fp64 = _pooled(checks.rowsum, idx, off, mode, n_bags, psw)
-    return BagReference(idx, off, mode, psw, ref, fp64)
-
-
 def verify_bag_output(out: torch.Tensor, checks: EmbeddingChecks, indices: torch.Tensor,
                       offsets: torch.Tensor | None, mode: str, per_sample_weights: torch.Tensor | None = None, *,
                       extra: float = 4.0, u_out: float = 0.0, lam: float | None = None, op: str = "embedding_bag",
-                      dtype: str | None = None, shape: tuple[int, ...] = (), exact_ratio: bool = False,
-                      reference: BagReference | None = None) -> CheckReport:
+                      dtype: str | None = None, shape: tuple[int, ...] = (), exact_ratio: bool = False) -> CheckReport:
     """Check the (bags x D) output of an EmbeddingBag (``mode`` sum or mean; ``none``: an Embedding lookup).
 
     ``got_b = sum_d out_bd`` against ``ref_b``, the same bag pooled over ``checks.rowsum`` (a gather
-    of 4 bytes per index, see :func:`_pooled`; ``reference`` when computed beforehand). A clean bag
+    of 4 bytes per index, see :func:`_pooled`). A clean bag
     satisfies ``|got_b - ref_b| <= lam u (L_b (1 + r) + D + extra) a_b + u_out a_b``, ``a_b`` the
     bag pooled over ``checks.absum`` (``sum_{l in bag} sum_d |w_ld|``, the classic gamma bound of the
     lookup's summation and of the sum over the output, ``r`` = 1 where the reference was summed in
@@ -741,9 +706,12 @@ def verify_bag_output(out: torch.Tensor, checks: EmbeddingChecks, indices: torch
     nb = out2.shape[0]
     if not nb:
         return CheckReport(op, dt, False, 0.0, True, shape=shape)
-    rf = reference if reference is not None else bag_reference(checks, indices, offsets, mode, nb,
-                                                               per_sample_weights)
-    n = max(int(rf.idx.numel()), 1)
+    if mode == "none":
+        idx, off, psw = indices.reshape(-1), None, None
+    else:
+        (idx, off), psw = _bags_args(indices, offsets), per_sample_weights
+    ref_t, ref64 = _pooled(checks.rowsum, idx, off, mode, nb, psw)
+    n = max(int(idx.numel()), 1)
     k = lam * u
     tiny = _TINY32 * (d + 2)
     got = out2.sum(1)
@@ -751,17 +719,17 @@ def verify_bag_output(out: torch.Tensor, checks: EmbeddingChecks, indices: torch
         # lb_b = c ||out_b||_2 + tiny; an overflowing norm (inf) turns its row into NaN (0 * inf), no verdict
         shrink = max(0.0, 1.0 - (n + d + 2) * u - u_out) * (1.0 - 2.0**-16)
         lb = torch.linalg.vector_norm(out2, 2, dim=1).mul_((k * (d + extra) + u_out) * shrink).add_(tiny)
-        diff = (got - rf.ref).abs_().add_(lb, alpha=0.0)
+        diff = (got - ref_t).abs_().add_(lb, alpha=0.0)
         worst = float(diff.div_(lb).max())
         if worst <= 1.0:  # NaN (something not finite) falls through
             return CheckReport(op, dt, False, worst, True, [], [], None, shape)
-    ref = _host(rf.ref)
+    ref = _host(ref_t)
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
         diff_h = np.abs(_host(got) - ref)
-        psw_abs = rf.psw.abs() if rf.psw is not None else None
-        ab = _host(_pooled(checks.absum, rf.idx, rf.off, mode, nb, psw_abs)[0])
-        lens = np.ones(nb) if mode == "none" else _host(_bag_lengths(rf.idx, rf.off, nb))
-        thr = (k * (lens * (1.0 if rf.fp64 else 2.0) + (d + extra)) + u_out) * ab + tiny
+        psw_abs = psw.abs() if psw is not None else None
+        ab = _host(_pooled(checks.absum, idx, off, mode, nb, psw_abs)[0])
+        lens = np.ones(nb) if mode == "none" else _host(_bag_lengths(idx, off, nb))
+        thr = (k * (lens * (1.0 if ref64 else 2.0) + (d + extra)) + u_out) * ab + tiny
         valid = np.isfinite(ref) & np.isfinite(thr)
         bad = ~(diff_h <= thr) & valid
         ratio = np.where(valid, diff_h / thr, 0.0)
