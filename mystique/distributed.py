@@ -895,23 +895,10 @@ def _wrap_step(step: Any, parallel: str, device: str) -> Any:
         fully_shard(model)
         if step.mode == "train":
             opt = mod.make_optimizer(model)
-    batch = step.batch
-    if step.mode == "train":
-        def fn() -> Any:
-            opt.zero_grad(set_to_none=True)
-            value = mod.loss(model, batch)
-            value.backward()
-            opt.step()
-            return value.detach()
-    else:
-        import torch
+    from .workloads.base import step_function
 
-        model.eval()
-
-        def fn() -> Any:
-            with torch.inference_mode():
-                return mod.forward(model, batch)
-    step.model, step.optimizer, step.fn = model, opt, fn
+    step.model, step.optimizer = model, opt
+    step.fn = step_function(mod, model, step.batch, opt, step.mode)
     return step
 
 

@@ -229,8 +229,21 @@ def make_step(
     optimizer: torch.optim.Optimizer | None = None
     if mode == "train":
         model.train()
-        opt = mod.make_optimizer(model)
-        optimizer = opt
+        optimizer = mod.make_optimizer(model)
+    fn = step_function(mod, model, batch, optimizer, mode)
+    return Step(name=name, config_name=config, config=cfg, mode=mode, device=dev, dtype=dtype,
+                model=model, batch=batch, optimizer=optimizer, fn=fn)
+
+
+def step_function(mod: Workload, model: torch.nn.Module, batch: Any, optimizer: torch.optim.Optimizer | None,
+                  mode: str) -> Callable[[], torch.Tensor]:
+    """One step of ``mod`` on ``model`` (possibly wrapped, e.g. in DDP): ``train`` zeroes the
+    gradients, backpropagates the loss, steps ``optimizer`` and returns the detached loss; ``infer``
+    puts the model in eval mode and returns the forward output under inference mode."""
+    if mode == "train":
+        if optimizer is None:
+            raise ValueError("a train step needs an optimizer")
+        opt = optimizer
 
         def fn() -> torch.Tensor:
             opt.zero_grad(set_to_none=True)
@@ -239,12 +252,11 @@ def make_step(
             opt.step()
             return value.detach()
 
-    else:
-        model.eval()
+        return fn
+    model.eval()
 
-        def fn() -> torch.Tensor:
-            with torch.inference_mode():
-                return mod.forward(model, batch)
+    def infer() -> torch.Tensor:
+        with torch.inference_mode():
+            return mod.forward(model, batch)
 
-    return Step(name=name, config_name=config, config=cfg, mode=mode, device=dev, dtype=dtype,
-                model=model, batch=batch, optimizer=optimizer, fn=fn)
+    return infer
