@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import os
 import random
 from unittest import mock
 
@@ -14,10 +15,14 @@ import torch
 import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from mystique.validators.soft_errors import abft, bits, campaign, inject, stats
+from mystique.validators.soft_errors import _kernels, abft, bits, campaign, inject, stats
 from mystique.validators.soft_errors.protect import protect
 
 from mystique.errors import UsageError
+
+#: the tests of the compiled verdicts themselves; the rest of this file runs with them off as well (CI)
+needs_kernels = pytest.mark.skipif(os.environ.get(_kernels.DISABLE_ENV) == "1",
+                                   reason="compiled verdicts turned off (MYSTIQUE_NO_NUMBA=1)")
 
 FLOATS = [torch.float32, torch.bfloat16, torch.float16]
 ALL = [*FLOATS, torch.int8, torch.int32]
@@ -213,23 +218,26 @@ def test_checked_embedding_bag_is_right_quiet_when_clean_and_detects_a_table_fli
     assert rep.alarm and 1 in rep.rows
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=120, deadline=None)
 @given(m=st.integers(1, 90), k=st.integers(1, 200), n=st.integers(1, 90), dist=st.sampled_from(campaign.DISTRIBUTIONS),
-       flips=st.integers(0, 2), bit=st.integers(0, 31), seed=st.integers(0, 2**31), primed=st.booleans())
-def test_lower_bound_fast_path_reaches_the_verdict_of_the_exact_thresholds(m, k, n, dist, flips, bit, seed, primed):
-    # primed: the two-operation device verdict prepared before the product (what checked_mm runs)
+       flips=st.integers(0, 2), bit=st.integers(0, 31), seed=st.integers(0, 2**31),
+       path=st.sampled_from(["compiled", "primed", "torch"]))
+def test_lower_bound_fast_path_reaches_the_verdict_of_the_exact_thresholds(m, k, n, dist, flips, bit, seed, path):
+    # compiled: the one-call Numba verdict of the CPU; primed: the two-operation device verdict prepared
+    # before the product (checked_mm off the CPU); torch: the host lower bound
     g = torch.Generator().manual_seed(seed)
     a, b = campaign.random_matrix((m, k), dist, g), campaign.random_matrix((k, n), dist, g)
-    enc = abft.encode_gemm(a, b)
-    if primed:
-        abft._prime(enc, None)
-        assert enc.rows.fast is not None
     acc = a @ b
     rng = random.Random(seed)
     for _ in range(flips):
         bits.flip_bits_(acc, rng.randrange(m * n), [bit])
-    fast = abft.verify_gemm(enc, acc, dtype=torch.float32)
-    exact = abft.verify_gemm(enc, acc, dtype=torch.float32, exact_ratio=True)
+    with contextlib.nullcontext() if path == "compiled" else _kernels.disabled():
+        enc = abft.encode_gemm(a, b)
+        if path == "primed":
+            abft._prime(enc, None)
+            assert enc.rows.fast is not None
+        fast = abft.verify_gemm(enc, acc, dtype=torch.float32)
+        exact = abft.verify_gemm(enc, acc, dtype=torch.float32, exact_ratio=True)
     assert (fast.alarm, fast.rows, fast.cols) == (exact.alarm, exact.rows, exact.cols)
     if not exact.alarm:  # the fast ratio is an upper bound of the exact one
         assert fast.max_ratio >= exact.max_ratio * (1 - 1e-6) or fast.max_ratio == exact.max_ratio
@@ -267,21 +275,111 @@ def test_checked_linear_encodes_a_weight_once_and_again_after_an_update():
     assert key not in abft._LINEARS.entries  # the cached encoding does not keep a dead weight's memory
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=120, deadline=None)
 @given(rows=st.integers(1, 120), d=st.sampled_from([1, 4, 16, 33]), lengths=st.lists(st.integers(0, 30), min_size=1,
-       max_size=10), mode=st.sampled_from(["sum", "mean"]), flip=st.booleans(), bit=st.integers(0, 31),
-       seed=st.integers(0, 2**31))
-def test_embedding_bag_fast_path_reaches_the_exact_verdict(rows, d, lengths, mode, flip, bit, seed):
+       max_size=10), mode=st.sampled_from(["sum", "mean"]), weighted=st.booleans(),
+       site=st.sampled_from(["clean", "table", "output"]), bit=st.integers(0, 31), seed=st.integers(0, 2**31),
+       path=st.sampled_from(["compiled", "torch"]))
+def test_embedding_bag_fast_path_reaches_the_exact_verdict(rows, d, lengths, mode, weighted, site, bit, seed, path):
+    # compiled: the one-pass Numba verdict of the CPU; torch: the device-operation lower bound
     g = torch.Generator().manual_seed(seed)
     clean = abft.checked_table(torch.randn(rows, d, generator=g) * 10 ** (torch.rand(rows, 1, generator=g) * 4 - 2))
     idx = torch.randint(0, rows, (sum(lengths),), generator=g)
     off = torch.tensor([0, *torch.tensor(lengths).cumsum(0)[:-1].tolist()])
+    psw = torch.rand(idx.numel(), generator=g) * 4 - 2 if weighted and mode == "sum" else None
     table = abft.CheckedTable(clean.weight.clone(), clean.checks)
-    if flip and idx.numel():
+    if site == "table" and idx.numel():
         bits.flip_bits_(table.weight, int(idx[0]) * d, [bit])
-    fast = abft.checked_embedding_bag(table, idx, off, mode)[1]
-    exact = abft.checked_embedding_bag(table, idx, off, mode, exact_ratio=True)[1]
-    assert (fast.alarm, fast.rows) == (exact.alarm, exact.rows)
+    out = F.embedding_bag(idx, table.weight, off, mode=mode, per_sample_weights=psw)
+    if site == "output":
+        bits.flip_bits_(out, (seed % len(lengths)) * d + seed % d, [bit])
+    with contextlib.nullcontext() if path == "compiled" else _kernels.disabled():
+        fast = abft.verify_bag_output(out, table.checks, idx, off, mode, psw)
+        exact = abft.verify_bag_output(out, table.checks, idx, off, mode, psw, exact_ratio=True)
+    assert (fast.alarm, fast.rows, fast.checked) == (exact.alarm, exact.rows, exact.checked)
+    if not exact.alarm and exact.checked:  # the fast ratio is an upper bound of the exact one
+        assert fast.max_ratio >= exact.max_ratio * (1 - 1e-6)
+
+
+@needs_kernels
+@settings(max_examples=120, deadline=None)
+@given(m=st.integers(1, 70), k=st.integers(1, 150), n=st.integers(1, 70), dist=st.sampled_from(campaign.DISTRIBUTIONS),
+       flips=st.integers(0, 2), bit=st.integers(0, 31), seed=st.integers(0, 2**31),
+       op=st.sampled_from(["mm", "linear", "linear_nobias"]))
+def test_compiled_checked_products_reach_the_verdict_of_the_exact_path(m, k, n, dist, flips, bit, seed, op):
+    # checked_mm / checked_linear take the compiled exact verdict on the CPU; flips land in the product's
+    # output (the out= buffer, right after the product); the verdict must be the exact path's
+    g = torch.Generator().manual_seed(seed)
+    a, b = campaign.random_matrix((m, k), dist, g), campaign.random_matrix((k, n), dist, g)
+    bias = campaign.random_matrix((1, n), dist, g).reshape(n) if op == "linear" else None
+    rng = random.Random(seed)
+    spots = [rng.randrange(m * n) for _ in range(flips)]
+    product = torch.addmm if bias is not None else torch.mm
+
+    def flipped(*args, out=None):
+        product(*args, out=out)
+        for spot in spots:
+            bits.flip_bits_(out, spot, [bit])
+        return out
+
+    with mock.patch.object(abft.torch, "addmm" if bias is not None else "mm", side_effect=flipped) as spy:
+        if op == "mm":
+            c, fast = abft.checked_mm(a, b)
+        else:
+            c, fast = abft.checked_linear(a, b.t().contiguous(), bias)
+    assert spy.call_count == 1
+    if op == "mm":
+        exact = abft.verify_gemm(abft.encode_gemm(a, b), c, dtype=torch.float32, exact_ratio=True)
+    else:
+        exact = abft.verify_linear(abft.encode_linear(b.t().contiguous(), bias), a, c, dtype=torch.float32,
+                                   exact_ratio=True)
+    assert (fast.alarm, fast.rows, fast.cols, fast.checked) == (exact.alarm, exact.rows, exact.cols, exact.checked)
+    if not spots:
+        assert not fast.alarm
+
+
+@needs_kernels
+def test_the_compiled_verdicts_run_in_the_test_environment():
+    # numba is a dependency: without it the "compiled" cases above would test the torch path twice
+    assert _kernels.available()
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.randn(8, 5, generator=g), torch.randn(5, 6, generator=g)
+    enc = abft.encode_gemm(a, b)
+    with mock.patch.object(_kernels, "gemm_lower", wraps=_kernels.gemm_lower) as spy:
+        assert not abft.verify_gemm(enc, a @ b, dtype=torch.float32).alarm
+    assert spy.call_count == 1
+    with mock.patch.object(_kernels, "mm_exact", wraps=_kernels.mm_exact) as spy:
+        assert not abft.checked_mm(a, b)[1].alarm
+    assert spy.call_count == 1
+    with mock.patch.object(_kernels, "linear_exact", wraps=_kernels.linear_exact) as spy:
+        assert not abft.checked_linear(a, b.t().contiguous(), torch.randn(6, generator=g))[1].alarm
+    assert spy.call_count == 1
+    table = abft.checked_table(torch.randn(30, 4, generator=g))
+    idx, off = torch.randint(0, 30, (12,), generator=g), torch.tensor([0, 5])
+    with mock.patch.object(_kernels, "bag_verdict", wraps=_kernels.bag_verdict) as spy:
+        assert not abft.checked_embedding_bag(table, idx, off)[1].alarm
+    assert spy.call_count == 1
+
+
+@needs_kernels
+@pytest.mark.parametrize("bad", ["index", "offset", "none"])
+def test_the_compiled_bag_verdict_leaves_out_of_range_indices_and_offsets_to_the_exact_path(bad):
+    g = torch.Generator().manual_seed(1)
+    table = abft.checked_table(torch.randn(30, 4, generator=g))
+    idx, off = torch.randint(0, 30, (12,), generator=g), torch.tensor([0, 5])
+    out = F.embedding_bag(idx, table.weight, off, mode="sum")
+    idx_bad, off_bad = {"index": (torch.cat([idx[:-1], torch.tensor([30])]), off),
+                        "offset": (idx, torch.tensor([0, 13])), "none": (idx, off)}[bad]
+    ref, got = np.empty(2), np.empty(2)
+    worst = _kernels.bag_verdict(out.numpy(), idx_bad.numpy(), off_bad.numpy(), table.checks.rowsum_view(), None,
+                                 False, 1e-3, 1e-37, ref, got)
+    if bad == "none":
+        assert 0 <= worst <= 1.0
+        np.testing.assert_allclose(got, out.double().sum(1).numpy(), rtol=1e-6)
+        np.testing.assert_allclose(ref, [table.checks.rowsum[idx[:5], 0].double().sum(),
+                                         table.checks.rowsum[idx[5:], 0].double().sum()], rtol=1e-6)
+    else:
+        assert worst == -1.0
 
 
 def test_protect_checks_every_layer_and_flags_a_corrupted_linear_output():
@@ -414,8 +512,9 @@ def test_pooled_reference_equals_an_fp64_embedding_bag_for_any_bag_layout(rows, 
     assert fp64 or len(set(lengths)) == 1
 
 
+@pytest.mark.parametrize("compiled", [True, False])
 @pytest.mark.parametrize("value", [1e20, 3e38, math.inf, math.nan])
-def test_a_bag_output_corrupted_beyond_the_norms_range_is_flagged_not_waved_through(value):
+def test_a_bag_output_corrupted_beyond_the_norms_range_is_flagged_not_waved_through(value, compiled):
     # the cheap threshold is read from the output itself: a corrupted value whose square overflows
     # must make that bound "no verdict", never a clean one
     g = torch.Generator().manual_seed(5)
@@ -425,7 +524,8 @@ def test_a_bag_output_corrupted_beyond_the_norms_range_is_flagged_not_waved_thro
     assert not rep.alarm
     bad = out.clone()
     bad[3, 5] = value
-    rep = abft.verify_bag_output(bad, table.checks, idx, off, "sum")
+    with contextlib.nullcontext() if compiled else _kernels.disabled():
+        rep = abft.verify_bag_output(bad, table.checks, idx, off, "sum")
     assert (rep.alarm and 3 in rep.rows) or not rep.checked, rep.describe()
     if math.isfinite(value):
         assert rep.alarm and rep.rows == [3]
@@ -445,9 +545,10 @@ def test_protect_checks_every_kind_of_lookup_once_and_flags_a_corrupted_one(kind
                 "bag_last_offset": (idx, torch.cat([off, torch.tensor([50])])),
                 "bag_weighted": (idx, off, torch.rand(50))}.get(kind, (idx, off))
     pooled = []
-    real = abft._pooled
-    with torch.no_grad(), protect(mod) as guard, mock.patch.object(abft, "_pooled",
-                                                                     lambda *a, **k: pooled.append(1) or real(*a, **k)):
+    real, compiled = abft._pooled, _kernels.bag_verdict
+    with torch.no_grad(), protect(mod) as guard, \
+            mock.patch.object(abft, "_pooled", lambda *a, **k: pooled.append(1) or real(*a, **k)), \
+            mock.patch.object(_kernels, "bag_verdict", lambda *a, **k: pooled.append(1) or compiled(*a, **k)):
         clean = mod(*args)
         assert guard.checks == 1 and not guard.alarms and len(pooled) == 1  # one row-sum gather per call
         with inject.flip_module_output(mod, seed=2, bit_class="exponent", name="emb") as recs:
@@ -455,3 +556,19 @@ def test_protect_checks_every_kind_of_lookup_once_and_flags_a_corrupted_one(kind
     assert recs and len(guard.alarms) == 1, [a.describe() for a in guard.alarms]
     ref = F.embedding(args[0], mod.weight) if kind == "embedding" else None
     assert ref is None or torch.equal(clean, ref)
+
+
+def test_bitflip_mode_corrupts_the_result_of_an_out_variant_but_leaves_in_place_ops_alone():
+    # checked_mm / checked_linear write their product with out=: a faulty device corrupts that
+    # result like any other, so the dispatch-mode fault simulation must reach it
+    a, b = torch.randn(8, 8), torch.randn(8, 8)
+    out = torch.empty(8, 8)
+    with inject.BitFlipMode(rate=1.0, bit_class="sign", seed=0, ops="mm,add_") as mode:
+        torch.mm(a, b, out=out)
+        x = torch.ones(4)
+        x.add_(1.0)
+    assert len(mode.records) == 64 and all("mm" in r.target for r in mode.records)
+    assert torch.equal(out, -(a @ b)) and torch.equal(x, torch.full((4,), 2.0))
+    with inject.BitFlipMode(rate=1.0, bit_class="exponent", seed=0, ops="mm"):
+        _, rep = abft.checked_mm(a, b)
+    assert rep.alarm

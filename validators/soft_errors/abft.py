@@ -6,8 +6,8 @@ GEMM ``C = A @ B`` (A: M x K, B: K x N) is checked with two weighted row checksu
 
 where ``e`` is all ones and ``s`` a fixed pseudo-random +-1 pattern (:func:`check_weights`). The
 reference side costs one pass over B (``B W``) and one over A; the check one pass over C, so the
-whole check is three memory passes (measured +3.5-5% of an n = 1024 fp32 GEMM on one core of this
-host: the ``abft_floor`` rows of the overhead group). The second weight vector keeps an operand
+whole check is three memory passes (measured +3-7% of an n = 1024 fp32 GEMM on one core of this
+shared host, depending on its load: the ``passes_floor`` rows of the overhead group). The second weight vector keeps an operand
 flip from hiding: a flip of ``a_ik`` moves row ``i`` of the plain row sum by ``delta (B e)_k``,
 which can cancel; it cannot cancel in ``B e`` and ``B s`` at once.
 When a row check fires, the column checks ``e^T C`` against ``(e^T A) B`` (the same weighted pair on
@@ -29,16 +29,28 @@ same-sign data, whose errors add up like K: then ``sum_j sum_k |a_ik b_kj| = |(A
 weighted checksum obeys the same bound (``|s_j| = 1``). ``lam`` (1) was calibrated on clean data of
 many shapes, scales and distributions and on the activations of the reference workloads.
 
-The threshold is evaluated lazily and the verdict is that of the formula above: first with free
-*lower bounds* of the two norms, ``||a_i|| >= |ref_iw| / ||B w||`` and ``||r|| >= ||B w||``
-(``|B w| <= |B| |w| = r`` element-wise); a row whose difference is within that smaller threshold is
-clean. Only rows that are not (a handful on clean data, all of them on a corrupted row) get their
-exact ``||a_i||`` (a gather of those rows), and only if one still fails, the exact ``||r||`` (one
-pass over B). ``max_ratio`` of a clean report is therefore an upper bound of ``|diff| / thr``.
+On the CPU (Numba importable, :mod:`._kernels`) :func:`checked_mm` and :func:`checked_linear`
+evaluate this exact threshold in the same passes as the checksums: the pass over B also sums
+``|B|`` (so ``||r||``), the pass over A (the input x of a Linear) also its row norms, and the pass over
+C computes the checksums and the verdict, in one compiled call after the product; everything that
+call needs (output buffer, views, constants, report) is prepared before the product, because right
+after a large GEMM every Python-level operation costs 10-60 us on this 2-core host. The checksums
+sum fp32 blocks of 64 and the blocks in fp64 (rounding at most that of a 64-term fp32 sum, under the
+``log2`` budget for N >= 64 in practice). A row whose compiled ratio is above ``1 - 2^-10`` goes to the
+NumPy path below, which then decides with its own norms, so both paths always agree.
+
+Elsewhere (and for :func:`verify_gemm` on an :func:`encode_gemm` encoding) the threshold is evaluated
+lazily: first with free *lower bounds* of the two norms, ``||a_i|| >= |ref_iw| / ||B w||`` and
+``||r|| >= ||B w||`` (``|B w| <= |B| |w| = r`` element-wise); a row whose difference is within that
+smaller threshold is clean. Only rows that are not get their exact ``||a_i||`` (a gather of those
+rows), and only if one still fails, the exact ``||r||`` (one pass over B). ``max_ratio`` of a clean
+report is therefore an upper bound of ``|diff| / thr``. Those bounds are loose by about ``sqrt(K)``
+(``|ref_iw|`` is a random-walk sum): at n >= 1024 a quarter to half of clean normal-data products
+fail them and pay the exact path, which is why the CPU path computes the exact norms in its passes.
 
 For a Linear layer the weight is static: :func:`encode_linear` computes ``W^T W_chk``, the bias term
 and ``||r||`` once per weight version (cached), so a checked call costs one pass over the input
-(``x (W^T W_chk)``) and one over the output.
+(``x (W^T W_chk)``, and on the CPU its row norms) and one over the output.
 
 bf16/fp16 GEMMs are computed with fp32 accumulation and checked *on the fp32 accumulator*, then
 rounded. Checking the rounded output instead would have to allow each output element its rounding
@@ -56,7 +68,11 @@ threshold is the classic gamma bound ``lam u (L_b + D + c) sum_{l in bag} sum_d 
 magnitude term needs a second gather, so the verdict is first taken with a lower bound of it read
 from the output itself, ``||out_b||_2 <= sum_d |out_bd|`` (triangle inequality), and the magnitudes
 and bag lengths are gathered only for calls where a bag fails that (see :func:`verify_bag_output`).
-The cost is one more random 4-byte read per index. Two layouts that look cheaper were measured
+On the CPU the gather of the row sums, the per-bag sums of the output, its norms and that verdict
+are one compiled pass (:mod:`._kernels`) prepared before the lookup. The cost is one more random
+4-byte read per index: on this host that read alone is +8-15% of a 100000 x 64 fp32 lookup (the
+``gather_floor`` row of the overhead group), so no checker that does not fuse into the lookup kernel
+gets under it. Two layouts that look cheaper were measured
 slower or blind on this CPU: checksum columns appended to the fp32 rows (``[W | W1 | |W|1]``, one
 gather) touch one more cache line per row when D is a multiple of 16 (+25% traffic at D = 64), and
 checksum codes appended to an 8-bit row are dequantized with the row's own scale and bias, so a
@@ -75,6 +91,8 @@ import torch
 import torch.nn.functional as F
 
 from mystique.errors import UsageError
+
+from . import _kernels
 
 UNIT_ROUNDOFF: dict[torch.dtype, float] = {
     torch.float64: 2.0**-53,
@@ -341,11 +359,37 @@ def _gemm_constants(k: int, m: int, n: int, u: float, lam: float, u_out: float, 
     return hit
 
 
+def _compiled_rows(rc: RowChecks) -> bool:
+    """Whether the row checks of ``rc`` are computed by the compiled CPU kernels (:mod:`._kernels`)."""
+    src = rc.src
+    return CHECK_VECTORS == 2 and rc.a.device.type == "cpu" and \
+        (isinstance(src, np.ndarray) or (src.device.type == "cpu" and src.dtype == torch.float32)) and \
+        _kernels.available()
+
+
+def _compiled_ok(*ts: torch.Tensor) -> bool:
+    """Whether a checked product of these operands can take the compiled CPU verdict with its arguments
+    prepared before the product.
+
+    Right after a large GEMM every Python-level operation costs 10-60 us on a 2-core x86 host (cold
+    caches and predictors), more than the checksums' own memory traffic at n = 1024; so the output
+    buffer, its NumPy view, the constants and the report are made before the product (written with
+    ``out=``) and only the one kernel call is left after it. Not with autograd (``out=`` does not take it).
+    """
+    return CHECK_VECTORS == 2 and all(t.device.type == "cpu" and t.dtype == torch.float32 for t in ts) and \
+        not (torch.is_grad_enabled() and any(t.requires_grad for t in ts)) and _kernels.available()
+
+
+def _np(t: torch.Tensor | np.ndarray) -> np.ndarray:
+    """A CPU tensor's NumPy view (no copy) for the compiled kernels."""
+    return t if isinstance(t, np.ndarray) else t.detach().numpy()
+
+
 def _prime(enc: GemmEncoding, lam: float | None, u_out: float = 0.0) -> None:
     """Prepare the fast verdict of ``enc``'s row checks for ``verify_gemm(enc, c, lam=lam, u_out=u_out)``
     with an fp32 ``c`` (see :meth:`RowChecks.prime`), before the product."""
     rc = enc.rows
-    if rc is not None and enc.cols is None and not enc.exact and enc.m and enc.n:
+    if rc is not None and enc.cols is None and not enc.exact and enc.m and enc.n and not _compiled_rows(rc):
         key = (lam, None, u_out, torch.float32, (enc.m, enc.n))
         rc.prime(key, *_gemm_constants(rc.k, enc.m, enc.n, UNIT_ROUNDOFF[torch.float32],
                                        GEMM_LAMBDA if lam is None else lam, u_out, torch.float32))
@@ -392,16 +436,32 @@ def _verify_rows(rc: RowChecks, c: torch.Tensor, *, u: float, lam: float, u_out:
 
 @torch.no_grad()
 def verify_gemm(enc: GemmEncoding, c: torch.Tensor, *, dtype: torch.dtype, lam: float | None = None,
-                u: float | None = None, u_out: float = 0.0, op: str = "gemm", exact_ratio: bool = False
-                ) -> CheckReport:
+                u: float | None = None, u_out: float = 0.0, op: str = "gemm", exact_ratio: bool = False,
+                diff: np.ndarray | None = None) -> CheckReport:
     """Compare the computed product ``c`` (accumulator precision) with the encoding.
 
     ``u`` defaults to the unit roundoff of ``c.dtype``; ``u_out`` adds the rounding of an output
     that was rounded to a narrower dtype before the check; ``exact_ratio`` evaluates the exact
-    threshold of every row (same verdict, exact ``max_ratio``, slower). Returns a :class:`CheckReport`.
+    threshold of every row (same verdict, exact ``max_ratio``, slower); ``diff`` is
+    ``max_w |(W^T C^T - ref)_wi|`` per row when the caller computed it already. On the CPU the
+    checksums of C and the lower-bound verdict are one compiled pass (:mod:`._kernels`), which the
+    exact verdict reuses, so both read the same checksums. Returns a :class:`CheckReport`.
     """
-    fast = enc.rows.fast if enc.rows is not None else None
-    if fast is not None and not exact_ratio and fast[0] == (lam, u, u_out, c.dtype, tuple(c.shape)):
+    rc = enc.rows
+    fast = rc.fast if rc is not None else None
+    lower_bound = not exact_ratio and not enc.exact and rc is not None and enc.cols is None
+    if diff is None and rc is not None and not enc.exact and c.device.type == "cpu" and c.dtype == torch.float32 \
+            and c.shape[0] and c.is_contiguous() and _compiled_rows(rc):
+        consts = _gemm_constants(rc.k, c.shape[0], c.shape[1], UNIT_ROUNDOFF[c.dtype] if u is None else u,
+                                 GEMM_LAMBDA if lam is None else lam, u_out, c.dtype)
+        got = np.empty((2, c.shape[0]))
+        worst = _kernels.gemm_lower(_np(c), _np(check_weights(c.shape[1], c.device, c.dtype)), _np(rc.src),
+                                    rc.vnorm, *consts, got)
+        if lower_bound and worst <= 1.0:  # NaN (something not finite) falls through to the full check
+            return CheckReport(op, _dt(dtype), False, worst, True, [], [], None, (enc.m, enc.k, enc.n))
+        with np.errstate(invalid="ignore"):  # the full check reuses these checksums: no second pass over C
+            diff = np.abs(got - rc.ref).max(0)
+    elif diff is None and lower_bound and fast is not None and fast[0] == (lam, u, u_out, c.dtype, tuple(c.shape)):
         # primed (RowChecks.prime): W^T C^T - ref in the one pass over C, then the largest
         # |difference| / lower-bound threshold; 2^-15 below 1 covers the fp32 rounding of that bound,
         # of its reciprocal and of the difference
@@ -411,8 +471,6 @@ def verify_gemm(enc: GemmEncoding, c: torch.Tensor, *, dtype: torch.dtype, lam: 
             return CheckReport(op, _dt(dtype), False, worst, True, [], [], None, (enc.m, enc.k, enc.n))
         with np.errstate(invalid="ignore"):  # the full check reuses the difference: no second pass over C
             diff = np.abs(_host(d)).max(0)
-    else:
-        diff = None
     shape = (enc.m, enc.k, enc.n)
     rows: list[int] = []
     cols: list[int] = []
@@ -456,6 +514,39 @@ def _accumulate(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return a @ b
 
 
+#: A compiled exact verdict (fp64-accumulated norms) is taken as clean only below this ratio; above it
+#: the NumPy/torch exact path decides, with its own norms, so that both always reach one verdict.
+_CLEAR = 1.0 - 2.0**-10
+
+
+def _compiled_mm(a32: torch.Tensor, b32: torch.Tensor, dtype: torch.dtype, lam: float | None
+                 ) -> tuple[torch.Tensor, CheckReport]:
+    """:func:`checked_mm` with the compiled CPU kernels: before the product, one pass over B (``B W`` and
+    ``|B| e``) and one over A (the reference and the exact row norms); after it, one pass over C and the
+    verdict against the exact threshold, in one call, with everything it needs prepared before."""
+    (m, k), n = a32.shape, b32.shape[1]
+    wt = _np(check_weights(n, a32.device, torch.float32))
+    a_np, b_np = _np(a32.contiguous()), _np(b32.contiguous())
+    vt, r = np.empty((2, k), np.float32), np.empty(k)
+    ref, na, got = np.empty((2, m)), np.empty(m), np.empty((2, m))
+    rnorm = _kernels.mm_encode(a_np, b_np, wt, vt, r, ref, na)
+    acc = torch.empty((m, n), dtype=torch.float32)
+    args = (_np(acc), wt, ref, na, rnorm, *_gemm_constants(k, m, n, UNIT_ROUNDOFF[torch.float32],
+                                                           GEMM_LAMBDA if lam is None else lam, 0.0, torch.float32), got)
+    rep = CheckReport("gemm", _dt(dtype), False, 0.0, True, [], [], None, (m, k, n))
+    torch.mm(a32, b32, out=acc)
+    worst = _kernels.mm_exact(*args)
+    out = acc if dtype == torch.float32 else acc.to(dtype)
+    if worst <= _CLEAR:  # NaN (something not finite) falls through to the full check
+        rep.max_ratio = worst
+        return out, rep
+    vnorm = np.sqrt(np.square(vt.astype(np.float64)).sum(1))
+    enc = GemmEncoding(m, k, n, RowChecks(ref, vnorm, a32, b32, rnorm=rnorm))
+    with np.errstate(invalid="ignore"):  # the full check reuses the kernel's checksums
+        diff = np.abs(got - ref).max(0)
+    return out, verify_gemm(enc, acc, dtype=dtype, lam=lam, diff=diff)
+
+
 def checked_mm(a: torch.Tensor, b: torch.Tensor, *, checks: str = "row", lam: float | None = None,
                check_rounded: bool = False, exact_ratio: bool = False) -> tuple[torch.Tensor, CheckReport]:
     """``a @ b`` with weighted row checksums (``checks``: ``row``, ``col`` or ``both``); returns ``(c, report)``.
@@ -476,6 +567,8 @@ def checked_mm(a: torch.Tensor, b: torch.Tensor, *, checks: str = "row", lam: fl
         c = _accumulate(a, b)
         return c, verify_gemm(enc, c, dtype=a.dtype, op="gemm")
     a32, b32 = (a, b) if a.dtype == torch.float32 else (a.float(), b.float())
+    if checks == "row" and not exact_ratio and not check_rounded and a32.shape[0] and _compiled_ok(a32, b32):
+        return _compiled_mm(a32, b32, a.dtype, lam)
     enc = encode_gemm(a32, b32, checks)
     if not exact_ratio and not check_rounded:
         _prime(enc, lam)
@@ -531,13 +624,46 @@ def verify_linear(enc: LinearEncoding, x2: torch.Tensor, y2: torch.Tensor, *, dt
                   op: str = "linear", exact_ratio: bool = False) -> CheckReport:
     """Check ``y2 = x2 W^T + b`` (2-D, accumulation dtype) against the layer's encoding; returns a report.
 
-    Costs one pass over ``x2`` (the reference checksums) and one over ``y2``.
+    Costs one pass over ``x2`` (the reference checksums) and one over ``y2``; on the CPU both and
+    the lower-bound verdict are one compiled pass (:mod:`._kernels`).
     """
     with torch.no_grad():
+        if x2.shape[0] and _compiled_ok(x2, y2):
+            return _CompiledLinear(enc, x2, y2, dtype=dtype, lam=lam, u=u, u_out=u_out, op=op).verdict(exact_ratio)
         ref = torch.addmm(enc.vw[:, None], enc.vt, x2.t()) if enc.vw is not None else enc.vt @ x2.t()
         rc = RowChecks(ref, enc.vnorm, x2, enc.w.t(), enc.bias, None, enc.rnorm)
         ge = GemmEncoding(x2.shape[0], x2.shape[1], enc.w.shape[0], rows=rc, bias=enc.bias)
         return verify_gemm(ge, y2, dtype=dtype, lam=lam, u=u, u_out=u_out, op=op, exact_ratio=exact_ratio)
+
+
+class _CompiledLinear:
+    """The compiled CPU verdict of one Linear call ``y2 = x2 W^T + b``, prepared (NumPy views, constants,
+    report) before the product writes ``y2``; :meth:`verdict` is then one kernel call (see _compiled_ok)."""
+
+    def __init__(self, enc: LinearEncoding, x2: torch.Tensor, y2: torch.Tensor, *, dtype: torch.dtype,
+                 lam: float | None, u: float | None, u_out: float, op: str) -> None:
+        m, k = x2.shape
+        n = enc.w.shape[0]
+        self.enc, self.x2, self.y2 = enc, x2.contiguous(), y2
+        self.opts = {"dtype": dtype, "lam": lam, "u": u, "u_out": u_out, "op": op}
+        self.ref, self.got, self.na = np.empty((2, m)), np.empty((2, m)), np.empty(m)
+        consts = _gemm_constants(k + (enc.bias is not None), m, n, UNIT_ROUNDOFF[torch.float32] if u is None else u,
+                                 GEMM_LAMBDA if lam is None else lam, u_out, torch.float32)
+        self.args = (_np(self.x2), _np(enc.vt), None if enc.vw is None else _np(enc.vw), _np(y2),
+                     _np(check_weights(n, y2.device, y2.dtype)), enc.rnorm, *consts, self.ref, self.got, self.na)
+        self.report = CheckReport(op, _dt(dtype), False, 0.0, True, [], [], None, (m, k, n))
+
+    def verdict(self, exact_ratio: bool = False) -> CheckReport:
+        worst = _kernels.linear_exact(*self.args)
+        if not exact_ratio and worst <= _CLEAR:  # NaN (something not finite) falls through to the full check
+            self.report.max_ratio = worst
+            return self.report
+        enc, x2 = self.enc, self.x2
+        with np.errstate(invalid="ignore"):  # the full check reuses the kernel's checksums
+            diff = np.abs(self.got - self.ref).max(0)
+        rc = RowChecks(self.ref, enc.vnorm, x2, enc.w.t(), enc.bias, None, enc.rnorm)
+        ge = GemmEncoding(x2.shape[0], x2.shape[1], enc.w.shape[0], rows=rc, bias=enc.bias)
+        return verify_gemm(ge, self.y2, exact_ratio=exact_ratio, diff=diff, **self.opts)
 
 
 class _LinearCache:
@@ -577,10 +703,20 @@ def checked_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
     x2 = x.reshape(-1, x.shape[-1])
     if x2.dtype != enc.w.dtype:
         x2 = x2.to(enc.w.dtype)
-    acc = F.linear(x2, enc.w, enc.bias)
-    # the pass over x after the product, not before it as for checked_mm: measured side by side
-    # (n = 1024, this CPU) the Linear costs ~4% more when x is read ahead of F.linear
-    rep = verify_linear(enc, x2, acc, dtype=x.dtype, lam=lam, exact_ratio=exact_ratio)
+    if not exact_ratio and x2.shape[0] and _compiled_ok(x2, enc.w):
+        # the compiled CPU verdict prepared before the product, which writes into its buffer
+        acc = torch.empty((x2.shape[0], enc.w.shape[0]), dtype=torch.float32)
+        run = _CompiledLinear(enc, x2, acc, dtype=x.dtype, lam=lam, u=None, u_out=0.0, op="linear")
+        if enc.bias is not None:
+            torch.addmm(enc.bias, run.x2, enc.w.t(), out=acc)  # what F.linear computes for 2-D input
+        else:
+            torch.mm(run.x2, enc.w.t(), out=acc)
+        rep = run.verdict()
+    else:
+        acc = F.linear(x2, enc.w, enc.bias)
+        # the pass over x after the product, not before it as for checked_mm: measured side by side
+        # (n = 1024, this CPU) the Linear costs ~4% more when x is read ahead of F.linear
+        rep = verify_linear(enc, x2, acc, dtype=x.dtype, lam=lam, exact_ratio=exact_ratio)
     y = acc if acc.dtype == x.dtype else acc.to(x.dtype)
     return y.reshape(*x.shape[:-1], enc.w.shape[0]), rep
 
@@ -598,6 +734,13 @@ class EmbeddingChecks:
 
     rowsum: torch.Tensor
     absum: torch.Tensor
+
+    def rowsum_view(self) -> np.ndarray:
+        """The row sums of a CPU table as a (R,) NumPy view (cached; shares the tensor's memory)."""
+        view = self.__dict__.get("_view")
+        if view is None or view[0] is not self.rowsum:
+            view = self.__dict__["_view"] = (self.rowsum, self.rowsum[:, 0].numpy())
+        return view[1]
 
     @classmethod
     def from_rows(cls, rowsum: torch.Tensor, absum: torch.Tensor) -> EmbeddingChecks:
@@ -689,12 +832,11 @@ def verify_bag_output(out: torch.Tensor, checks: EmbeddingChecks, indices: torch
     a lower bound of that threshold that costs no gather: ``L_b >= 0`` and
     ``a_b >= ||out_b||_2 / (1 + (n + D + 2) u + u_out)`` (triangle inequality, and
     ``sum_d |x_d| >= ||x||_2``; the denominator covers the rounding of ``out`` and of the norm, n the
-    number of indices), in a few device operations. Only when a bag fails it are ``a_b`` and
-    ``L_b`` gathered for the exact threshold, so ``max_ratio`` of a clean report is an upper bound
-    of the exact ``|diff| / thr``.
+    number of indices), in one compiled pass on the CPU (gather, sums and verdict, see
+    :mod:`._kernels`; the exact path then reuses its sums) and in a few device operations elsewhere.
+    Only when a bag fails it are ``a_b`` and ``L_b`` gathered for the exact threshold, so
+    ``max_ratio`` of a clean report is an upper bound of the exact ``|diff| / thr``.
     """
-    lam = EMBEDDING_LAMBDA if lam is None else lam
-    u = UNIT_ROUNDOFF[torch.float32]
     d = out.shape[-1]
     dt = dtype or _dt(out.dtype)
     shape = shape or tuple(out.shape)
@@ -710,32 +852,116 @@ def verify_bag_output(out: torch.Tensor, checks: EmbeddingChecks, indices: torch
         idx, off, psw = indices.reshape(-1), None, None
     else:
         (idx, off), psw = _bags_args(indices, offsets), per_sample_weights
-    ref_t, ref64 = _pooled(checks.rowsum, idx, off, mode, nb, psw)
-    n = max(int(idx.numel()), 1)
-    k = lam * u
-    tiny = _TINY32 * (d + 2)
-    got = out2.sum(1)
-    if not exact_ratio:
-        # lb_b = c ||out_b||_2 + tiny; an overflowing norm (inf) turns its row into NaN (0 * inf), no verdict
-        shrink = max(0.0, 1.0 - (n + d + 2) * u - u_out) * (1.0 - 2.0**-16)
-        lb = torch.linalg.vector_norm(out2, 2, dim=1).mul_((k * (d + extra) + u_out) * shrink).add_(tiny)
-        diff = (got - ref_t).abs_().add_(lb, alpha=0.0)
-        worst = float(diff.div_(lb).max())
-        if worst <= 1.0:  # NaN (something not finite) falls through
-            return CheckReport(op, dt, False, worst, True, [], [], None, shape)
-    ref = _host(ref_t)
+    bag = _Bags(checks, idx, off, mode, psw, nb, d, extra, u_out, lam, op, dt, shape)
+    if mode != "none" and _compiled_bags_ok(out2, checks):
+        return _CompiledBags(bag).verdict(out2, exact_ratio)
+    return _bag_exact(bag, out2, exact_ratio)
+
+
+@dataclass
+class _Bags:
+    """The arguments of one EmbeddingBag verification (see :func:`verify_bag_output`)."""
+
+    checks: EmbeddingChecks
+    idx: torch.Tensor
+    off: torch.Tensor | None
+    mode: str
+    psw: torch.Tensor | None
+    nb: int
+    d: int
+    extra: float
+    u_out: float
+    lam: float | None
+    op: str
+    dtype: str
+    shape: tuple[int, ...]
+
+    @property
+    def constants(self) -> tuple[float, float, float]:
+        """``(k, tiny, c_lb)``: ``lam u``, the underflow term and the factor of the lower bound
+        ``lb_b = c_lb ||out_b||_2 + tiny`` of a bag's exact threshold (see :func:`verify_bag_output`)."""
+        return _bag_constants(self.idx.numel(), self.d, self.extra, self.u_out, self.lam)
+
+
+_BAG_CONSTANTS: dict[tuple[Any, ...], tuple[float, float, float]] = {}
+
+
+def _bag_constants(n: int, d: int, extra: float, u_out: float, lam: float | None) -> tuple[float, float, float]:
+    """:attr:`_Bags.constants` for ``n`` indices (cached: the call is on the hot path of every lookup)."""
+    key = (n, d, extra, u_out, lam)
+    hit = _BAG_CONSTANTS.get(key)
+    if hit is None:
+        u = UNIT_ROUNDOFF[torch.float32]
+        k = (EMBEDDING_LAMBDA if lam is None else lam) * u
+        c_lb = (k * (d + extra) + u_out) * max(0.0, 1.0 - (max(n, 1) + d + 2) * u - u_out) * (1.0 - 2.0**-16)
+        if len(_BAG_CONSTANTS) >= 4 * _MAX_CACHED:
+            _BAG_CONSTANTS.clear()
+        hit = _BAG_CONSTANTS[key] = (k, _TINY32 * (d + 2), c_lb)
+    return hit
+
+
+def _compiled_bags_ok(out2: torch.Tensor, checks: EmbeddingChecks) -> bool:
+    return out2.device.type == "cpu" and checks.rowsum.device.type == "cpu" and _kernels.available()
+
+
+class _CompiledBags:
+    """The compiled CPU verdict of one EmbeddingBag call, prepared before the lookup (NumPy views,
+    constants, report) so that only one kernel call follows it (see :func:`_compiled_ok`)."""
+
+    def __init__(self, bag: _Bags) -> None:
+        # (every operation here is on the hot path of a lookup of ~1 ms: NumPy views of the index
+        # tensors as they are, strided or not, and cached constants)
+        self.bag = bag
+        _, tiny, c_lb = bag.constants
+        self.ref, self.got = np.empty(bag.nb), np.empty(bag.nb)
+        psw = None if bag.psw is None else bag.psw.detach().numpy()
+        self.args = (bag.idx.numpy(), bag.off.numpy(), bag.checks.rowsum_view(), psw, bag.mode == "mean", c_lb, tiny,
+                     self.ref, self.got)
+        self.report = CheckReport(bag.op, bag.dtype, False, 0.0, True, [], [], None, bag.shape)
+
+    def verdict(self, out2: torch.Tensor, exact_ratio: bool = False) -> CheckReport:
+        """Verdict on the (bags x D) float32 contiguous CPU output of the lookup."""
+        worst = _kernels.bag_verdict(out2.detach().numpy(), *self.args)
+        if worst == -1.0:  # an index or offset out of range: the torch path reports it
+            return _bag_exact(self.bag, out2, exact_ratio)
+        if not exact_ratio and worst <= 1.0:  # NaN (something not finite) falls through
+            self.report.max_ratio = worst
+            return self.report
+        return _bag_exact(self.bag, out2, exact_ratio, (self.ref, self.got))
+
+
+def _bag_exact(bag: _Bags, out2: torch.Tensor, exact_ratio: bool,
+               compiled: tuple[np.ndarray, np.ndarray] | None = None) -> CheckReport:
+    """The verdict of :func:`verify_bag_output` with torch operations: the lower bound (unless
+    ``exact_ratio``), then the exact thresholds; ``compiled`` the per-bag reference and output sums
+    of the compiled kernel (fp64), which are then used instead of summing again."""
+    k, tiny, c_lb = bag.constants
+    idx, off, mode, nb, d, psw = bag.idx, bag.off, bag.mode, bag.nb, bag.d, bag.psw
+    if compiled is None:
+        ref_t, ref64 = _pooled(bag.checks.rowsum, idx, off, mode, nb, psw)
+        got = out2.sum(1)
+        if not exact_ratio:
+            # an overflowing norm (inf) turns its row into NaN (0 * inf), no verdict
+            lb = torch.linalg.vector_norm(out2, 2, dim=1).mul_(c_lb).add_(tiny)
+            diff = (got - ref_t).abs_().add_(lb, alpha=0.0)
+            worst = float(diff.div_(lb).max())
+            if worst <= 1.0:  # NaN (something not finite) falls through
+                return CheckReport(bag.op, bag.dtype, False, worst, True, [], [], None, bag.shape)
+        ref, got_h = _host(ref_t), _host(got)
+    else:
+        (ref, got_h), ref64 = compiled, True
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
-        diff_h = np.abs(_host(got) - ref)
+        diff_h = np.abs(got_h - ref)
         psw_abs = psw.abs() if psw is not None else None
-        ab = _host(_pooled(checks.absum, idx, off, mode, nb, psw_abs)[0])
+        ab = _host(_pooled(bag.checks.absum, idx, off, mode, nb, psw_abs)[0])
         lens = np.ones(nb) if mode == "none" else _host(_bag_lengths(idx, off, nb))
-        thr = (k * (lens * (1.0 if ref64 else 2.0) + (d + extra)) + u_out) * ab + tiny
+        thr = (k * (lens * (1.0 if ref64 else 2.0) + (d + bag.extra)) + bag.u_out) * ab + tiny
         valid = np.isfinite(ref) & np.isfinite(thr)
         bad = ~(diff_h <= thr) & valid
         ratio = np.where(valid, diff_h / thr, 0.0)
     rows = np.flatnonzero(bad)[:16].tolist()
-    return CheckReport(op, dt, bool(rows), float(np.nan_to_num(ratio, nan=math.inf).max()), bool(valid.all()),
-                       rows, [], None, shape)
+    return CheckReport(bag.op, bag.dtype, bool(rows), float(np.nan_to_num(ratio, nan=math.inf).max()),
+                       bool(valid.all()), rows, [], None, bag.shape)
 
 
 def _bags_args(indices: torch.Tensor, offsets: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -752,16 +978,22 @@ def checked_embedding_bag(table: CheckedTable, indices: torch.Tensor, offsets: t
                           lam: float | None = None, exact_ratio: bool = False) -> tuple[torch.Tensor, CheckReport]:
     """EmbeddingBag (sum or mean) over a :func:`checked_table`; returns ``(out, report)``.
 
-    Costs, beside the lookup, a second EmbeddingBag over the R x 1 row-sum table with the same
-    indices and one pass over the (bags x D) output (see :func:`verify_bag_output`).
+    Costs, beside the lookup, a gather of the R x 1 row sums with the same indices and one pass over
+    the (bags x D) output (see :func:`verify_bag_output`); on the CPU both are one compiled call,
+    prepared before the lookup.
     """
     if mode not in ("sum", "mean"):
         raise UsageError(f"checked_embedding_bag supports sum and mean pooling, got {mode!r}")
     idx, off = _bags_args(indices, offsets)
+    shape = (table.weight.shape[0], table.dim, off.shape[0])
+    if not exact_ratio and off.shape[0] and _compiled_bags_ok(table.weight, table.checks):
+        run = _CompiledBags(_Bags(table.checks, idx, off, mode, per_sample_weights, off.shape[0], table.dim, 4.0, 0.0,
+                                  lam, f"embedding_bag_{mode}", "float32", shape))
+        out = F.embedding_bag(idx, table.weight, off, mode=mode, per_sample_weights=per_sample_weights)
+        return out, run.verdict(out.detach())
     out = F.embedding_bag(idx, table.weight, off, mode=mode, per_sample_weights=per_sample_weights)
     rep = verify_bag_output(out, table.checks, idx, off, mode, per_sample_weights, lam=lam,
-                            op=f"embedding_bag_{mode}", shape=(table.weight.shape[0], table.dim, out.shape[0]),
-                            exact_ratio=exact_ratio)
+                            op=f"embedding_bag_{mode}", shape=shape, exact_ratio=exact_ratio)
     return out, rep
 
 
@@ -834,6 +1066,11 @@ def checked_quantized_embedding_bag(table: QuantizedTable, indices: torch.Tensor
     if mode not in ("sum", "mean"):
         raise UsageError(f"checked_quantized_embedding_bag supports sum and mean pooling, got {mode!r}")
     idx, off = _bags_args(indices, offsets)
+    if not exact_ratio and off.shape[0] and _compiled_bags_ok(table.packed, table.checks):
+        run = _CompiledBags(_Bags(table.checks, idx, off, mode, None, off.shape[0], table.dim, 6.0, 0.0, lam,
+                                  f"embedding_bag_8bit_{mode}", "uint8", (table.packed.shape[0], table.dim, off.shape[0])))
+        out = quantized_embedding_bag(table, idx, off, mode)
+        return out, run.verdict(out)
     out = quantized_embedding_bag(table, idx, off, mode)
     rep = verify_bag_output(out, table.checks, idx, off, mode, extra=6.0, lam=lam, op=f"embedding_bag_8bit_{mode}",
                             dtype="uint8", shape=(table.packed.shape[0], table.dim, out.shape[0]),

@@ -136,8 +136,15 @@ def _op_matches(func: Any, ops: set[str] | None) -> bool:
 
 
 def _aliases_input(func: Any) -> bool:
+    """Whether an op returns a view of, or writes into, one of its inputs (a view, an in-place op).
+
+    An ``out=`` variant (``aten.mm.out``) writes its result into the ``out`` argument: that is the
+    op's output, produced by the device like any other, so it is not counted as aliasing.
+    """
     schema = getattr(func, "_schema", None)
     if schema is None:
+        return False
+    if any(getattr(a, "is_out", False) for a in schema.arguments):
         return False
     return any(r.alias_info is not None for r in schema.returns)
 

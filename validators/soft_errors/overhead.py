@@ -216,9 +216,10 @@ def gemm_functions(n: int, device: str, seed: int) -> dict[str, Callable[[], Any
 
 
 GEMM_COMPARISONS = (
-    ("gemm", "checked_mm", "mm", "float32", "checked_mm(a, b) vs a @ b (fresh operands: passes over B, A and C)"),
+    ("gemm", "checked_mm", "mm", "float32", "checked_mm(a, b) vs a @ b (fresh operands: passes over B, A and C, "
+                                            "exact threshold)"),
     ("linear", "checked_linear", "linear", "float32", "checked_linear(x, W, b) vs F.linear (cached weight "
-                                                      "encoding: passes over x and y)"),
+                                                      "encoding: one pass over x and y, exact threshold)"),
     ("protect_linear", "protected_linear_module", "linear_module", "float32",
      "nn.Linear under protect() vs plain nn.Linear"),
 )
@@ -284,11 +285,12 @@ class EmbeddingFunctions:
 
 EMBEDDING_COMPARISONS = (
     ("embedding_bag", "checked_embedding_bag", "embedding_bag", "float32",
-     "checked_embedding_bag (lookup + the same lookup over the R x 1 row-sum table) vs F.embedding_bag"),
+     "checked_embedding_bag (lookup + one pass gathering the R x 1 row sums and checking each bag) vs "
+     "F.embedding_bag"),
     ("embedding_bag_8bit", "checked_embedding_bag_8bit", "embedding_bag_8bit", "uint8",
-     "8-bit row-wise fused kernel + the lookup over the R x 1 row-sum table vs the fused kernel alone"),
+     "8-bit row-wise fused kernel + the row-sum gather and check vs the fused kernel alone"),
     ("protect_embedding_bag", "protected_embedding_bag_module", "embedding_bag_module", "float32",
-     "nn.EmbeddingBag under protect() (forward hook: lookup over the R x 1 row-sum table) vs plain"),
+     "nn.EmbeddingBag under protect() (pre-hook prepares, hook gathers the row sums and checks) vs plain"),
 )
 EMBEDDING_FLOORS = (
     ("embedding_bag_gather_floor", "embedding_bag_bare_gather", "embedding_bag",

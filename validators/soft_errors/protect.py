@@ -6,8 +6,9 @@ changes, e.g. after an optimizer step); ``guard.alarms`` lists the detections an
 counts the verified calls. The hooks never change an output.
 
 Cost per call (the weight side is cached): a Linear, one pass over its input and one over its
-output (:func:`.abft.verify_linear`); an Embedding or EmbeddingBag, a second lookup with the same
-indices over an R x 1 row-sum table plus one pass over the output (:func:`.abft.verify_bag_output`).
+output (:func:`.abft.verify_linear`); an Embedding or EmbeddingBag, a gather of the R x 1 row sums
+with the same indices plus one pass over the output (:func:`.abft.verify_bag_output`; on the CPU
+prepared by a forward pre-hook, so that the hook after the lookup is one compiled call).
 
 Linear layers are verified at the precision of their output: fp32 layers with the fp32 GEMM bound;
 bf16/fp16 layers (whose fp32 accumulator is gone once the hook sees the output) with the output's
@@ -23,7 +24,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from . import abft
+from . import _kernels, abft
 
 
 @dataclass
@@ -109,31 +110,71 @@ def _linear_hook(guard: Guard, name: str, lam: float | None, exact: bool):
     return hook
 
 
-def _embedding_hook(guard: Guard, name: str, lam: float | None, bag: bool, exact: bool):
+def _lookup_args(mod: nn.Module, inputs: tuple[Any, ...], bag: bool
+                 ) -> tuple[Any, torch.Tensor | None, torch.Tensor | None, str] | None:
+    """``(indices, offsets, per_sample_weights, mode)`` of an Embedding/EmbeddingBag call, or None when
+    it cannot be checked (a padding index: its row is left out of the bag, which no row checksum knows)."""
+    if bag and getattr(mod, "padding_idx", None) is not None:
+        return None
+    indices = inputs[0]
+    offsets = inputs[1] if len(inputs) > 1 and bag else None
+    psw = inputs[2] if len(inputs) > 2 and bag else None
+    if bag and getattr(mod, "include_last_offset", False) and offsets is not None:
+        offsets = offsets[:-1]
+    return indices, offsets, psw, getattr(mod, "mode", "sum") if bag else "none"
+
+
+def _embedding_hooks(guard: Guard, name: str, lam: float | None, bag: bool, exact: bool):
+    """A forward pre-hook and a forward hook checking an Embedding/EmbeddingBag.
+
+    On the CPU, with the compiled verdict, the pre-hook prepares it from the indices before the lookup
+    (:class:`.abft._CompiledBags`), so that the hook after it is one kernel call (the Python work after a
+    ~1 ms lookup costs more than the check's own memory traffic otherwise); elsewhere the hook runs
+    :func:`.abft.verify_bag_output`.
+    """
     cache = _WeightCache()
+    kind = "embedding_bag" if bag else "embedding"
+    state: dict[str, Any] = {}
+
+    def checks_of(w: torch.Tensor) -> abft.EmbeddingChecks:
+        return cache.get(_key(w), lambda: abft.EmbeddingChecks.of(w))
+
+    def pre(mod: nn.Module, inputs: tuple[Any, ...]) -> None:
+        state.clear()
+        w = mod.weight
+        if exact or not bag or w.device.type != "cpu" or not w.is_floating_point() or not _kernels.available():
+            return
+        args = _lookup_args(mod, inputs, bag)
+        if args is None or not isinstance(args[0], torch.Tensor) or args[3] not in ("sum", "mean"):
+            return
+        with torch.no_grad():
+            idx, off = abft._bags_args(args[0], args[1])
+            nb, d = off.shape[0], w.shape[1]
+            u_out = abft.UNIT_ROUNDOFF[w.dtype] if w.dtype != torch.float32 else 0.0
+            state["run"] = (inputs[0], w._version, abft._CompiledBags(abft._Bags(
+                checks_of(w), idx, off, args[3], args[2], nb, d, 4.0, u_out, lam, kind, abft._dt(w.dtype), (nb, d))))
 
     def hook(mod: nn.Module, inputs: tuple[Any, ...], output: torch.Tensor) -> None:
+        prepared = state.pop("run", None)
         if not isinstance(output, torch.Tensor) or not output.is_floating_point():
             return
         with torch.no_grad():
             w = mod.weight
-            checks = cache.get(_key(w), lambda: abft.EmbeddingChecks.of(w))
-            indices = inputs[0]
-            offsets = inputs[1] if len(inputs) > 1 and bag else None
-            psw = inputs[2] if len(inputs) > 2 and bag else None
-            mode = getattr(mod, "mode", "sum") if bag else "none"
-            if bag and getattr(mod, "include_last_offset", False) and offsets is not None:
-                offsets = offsets[:-1]
-            if bag and getattr(mod, "padding_idx", None) is not None:
+            if prepared is not None and prepared[0] is inputs[0] and prepared[1] == w._version \
+                    and output.dim() == 2 and output.device.type == "cpu":
+                out2 = output.detach()
+                guard.record(name, kind, prepared[2].verdict(out2 if out2.dtype == torch.float32 else out2.float()))
+                return
+            args = _lookup_args(mod, inputs, bag)
+            if args is None:
                 guard.unchecked += 1
                 return
             u_out = abft.UNIT_ROUNDOFF[output.dtype] if output.dtype != torch.float32 else 0.0
-            rep = abft.verify_bag_output(output.detach(), checks, indices, offsets, mode, psw, lam=lam,
-                                         u_out=u_out, op="embedding_bag" if bag else "embedding",
-                                         exact_ratio=exact)
-            guard.record(name, "embedding_bag" if bag else "embedding", rep)
+            rep = abft.verify_bag_output(output.detach(), checks_of(w), *args[:2], args[3], args[2], lam=lam,
+                                         u_out=u_out, op=kind, exact_ratio=exact)
+            guard.record(name, kind, rep)
 
-    return hook
+    return pre, hook
 
 
 def protect(model: nn.Module, *, lam: float | None = None, linear: bool = True, embeddings: bool = True,
@@ -149,6 +190,7 @@ def protect(model: nn.Module, *, lam: float | None = None, linear: bool = True, 
         if linear and isinstance(mod, nn.Linear):
             guard.handles.append(mod.register_forward_hook(_linear_hook(guard, name, lam, exact_ratios)))
         elif embeddings and isinstance(mod, (nn.EmbeddingBag, nn.Embedding)):
-            hook = _embedding_hook(guard, name, lam, isinstance(mod, nn.EmbeddingBag), exact_ratios)
+            pre, hook = _embedding_hooks(guard, name, lam, isinstance(mod, nn.EmbeddingBag), exact_ratios)
+            guard.handles.append(mod.register_forward_pre_hook(pre))
             guard.handles.append(mod.register_forward_hook(hook))
     return guard
