@@ -572,3 +572,4 @@ def test_bitflip_mode_corrupts_the_result_of_an_out_variant_but_leaves_in_place_
     with inject.BitFlipMode(rate=1.0, bit_class="exponent", seed=0, ops="mm"):
         _, rep = abft.checked_mm(a, b)
     assert rep.alarm
+

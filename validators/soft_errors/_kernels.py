@@ -14,6 +14,10 @@ kernels compute the checksums and the verdict in the passes over the data themse
 * :func:`bag_verdict`: the gather of the row sums, the per-bag reference, the sum and 2-norm of
   each output row and the lower-bound verdict of an EmbeddingBag.
 
+The kernels run on the calling thread: at 2 intra-op threads on this 2-core host the checked
+n = 1024 GEMM costs +11.5% (+15% with the rows split over a thread pool, so they are not split); on
+a host with many cores the torch path's multi-threaded BLAS passes (``MYSTIQUE_NO_NUMBA=1``) may be
+the faster one, which is not measured here.
 Rows are read two at a time (two independent streams: 6-12% faster than one after a large GEMM);
 sums are fp32 over blocks of :data:`BLOCK` (vectorized) and fp64 across blocks. The kernels return
 the largest ratio, NaN where a value is not finite, and -1 (EmbeddingBag) where an index or offset is
@@ -111,17 +115,17 @@ def _build() -> dict[str, Any] | None:
     pair_sq = make_pair(2)
 
     @jit
-    def rows_verdict(got, ref, vnorm, factor, det, tiny):  # pragma: no cover - compiled
-        # lb_i = det |ref_0i| + tiny + factor max_w(|ref_wi| vmax / vn_w) (1 - 2^-16), vn = max(vnorm,
-        # tiny); returns max_i max_w |got_wi - ref_wi| / lb_i, NaN if anything is not finite
-        p, m = got.shape
+    def rows_verdict(got, ref, vnorm, factor, det, tiny, lo, hi):  # pragma: no cover - compiled
+        # rows [lo, hi): lb_i = det |ref_0i| + tiny + factor max_w(|ref_wi| vmax / vn_w) (1 - 2^-16), vn =
+        # max(vnorm, tiny); returns max_i max_w |got_wi - ref_wi| / lb_i, NaN if anything is not finite
+        p = got.shape[0]
         vmax = tiny
         finite = True
         for w in range(p):
             vmax = max(vmax, vnorm[w])
             finite &= vnorm[w] < math.inf
         worst = 0.0
-        for i in range(m):
+        for i in range(lo, hi):
             lb = 0.0
             d = 0.0
             for w in range(p):
@@ -134,20 +138,12 @@ def _build() -> dict[str, Any] | None:
         return worst if finite else math.nan
 
     @jit
-    def gemm_lower(c, w, ref, vnorm, factor, det, tiny, got):  # pragma: no cover - compiled
-        m = c.shape[0]
-        for i in range(0, m, 2):
-            k = min(i + 1, m - 1)
-            got[0, i], got[1, i], _, got[0, k], got[1, k], _ = pair_dots(c, i, k, w)
-        return rows_verdict(got, ref, vnorm, factor, det, tiny)
-
-    @jit
-    def exact_verdict(got, ref, na, rnorm, factor, det, tiny):  # pragma: no cover - compiled
-        # thr_i = det |ref_0i| + tiny + factor ||a_i|| ||r||, the exact threshold of abft's module
-        # docstring; returns max_i max_w |got_wi - ref_wi| / thr_i, NaN if anything is not finite
+    def exact_verdict(got, ref, na, rnorm, factor, det, tiny, lo, hi):  # pragma: no cover - compiled
+        # rows [lo, hi): thr_i = det |ref_0i| + tiny + factor ||a_i|| ||r||, the exact threshold of abft's
+        # module docstring; returns max_i max_w |got_wi - ref_wi| / thr_i, NaN if anything is not finite
         worst = 0.0
         finite = rnorm < math.inf
-        for i in range(got.shape[1]):
+        for i in range(lo, hi):
             d = 0.0
             for w in range(2):
                 r = ref[w, i]
@@ -159,57 +155,61 @@ def _build() -> dict[str, Any] | None:
         return worst if finite else math.nan
 
     @jit
-    def mm_encode(a, b, w, vt, r, ref, na):  # pragma: no cover - compiled
-        # one pass over B: vt = W^T B^T (fp32 out), r = |B| e; one over A: ref = vt A^T, na_i = ||a_i||;
-        # returns ||r||
-        rn = 0.0
-        kb = b.shape[0]
-        for i in range(0, kb, 2):
-            k = min(i + 1, kb - 1)
+    def gemm_lower(lo, hi, c, w, ref, vnorm, factor, det, tiny, got):  # pragma: no cover - compiled
+        for i in range(lo, hi, 2):
+            k = min(i + 1, hi - 1)
+            got[0, i], got[1, i], _, got[0, k], got[1, k], _ = pair_dots(c, i, k, w)
+        return rows_verdict(got, ref, vnorm, factor, det, tiny, lo, hi)
+
+    @jit
+    def b_pass(lo, hi, b, w, vt, r):  # pragma: no cover - compiled
+        # rows [lo, hi) of B: vt = W^T B^T (fp32), r = |B| e
+        for i in range(lo, hi, 2):
+            k = min(i + 1, hi - 1)
             vt[0, i], vt[1, i], r[i], vt[0, k], vt[1, k], r[k] = pair_abs(b, i, k, w)
-        for i in range(kb):
-            rn += r[i] * r[i]
-        m = a.shape[0]
-        for i in range(0, m, 2):
-            k = min(i + 1, m - 1)
+        return 0.0
+
+    @jit
+    def a_pass(lo, hi, a, vt, ref, na):  # pragma: no cover - compiled
+        # rows [lo, hi) of A: ref = vt A^T, na_i = ||a_i||
+        for i in range(lo, hi, 2):
+            k = min(i + 1, hi - 1)
             ref[0, i], ref[1, i], sa, ref[0, k], ref[1, k], sb = pair_sq(a, i, k, vt)
             na[i] = math.sqrt(sa)
             na[k] = math.sqrt(sb)
-        return math.sqrt(rn)
+        return 0.0
 
     @jit
-    def mm_exact(c, w, ref, na, rnorm, factor, det, tiny, got):  # pragma: no cover - compiled
-        m = c.shape[0]
-        for i in range(0, m, 2):
-            k = min(i + 1, m - 1)
+    def mm_exact(lo, hi, c, w, ref, na, rnorm, factor, det, tiny, got):  # pragma: no cover - compiled
+        for i in range(lo, hi, 2):
+            k = min(i + 1, hi - 1)
             got[0, i], got[1, i], _, got[0, k], got[1, k], _ = pair_dots(c, i, k, w)
-        return exact_verdict(got, ref, na, rnorm, factor, det, tiny)
+        return exact_verdict(got, ref, na, rnorm, factor, det, tiny, lo, hi)
 
     @jit
-    def linear_exact(x, vt, vw, y, w, rnorm, factor, det, tiny, ref, got, na):  # pragma: no cover - compiled
+    def linear_exact(lo, hi, x, vt, vw, y, w, rnorm, factor, det, tiny, ref, got, na):  # pragma: no cover
         # ref = vt x_i + vw and na_i = ||[x_i | 1]|| (the bias column) in the pass over x, got in the one over y
         bias = vw.shape[0] > 0
-        m = x.shape[0]
-        for i in range(0, m, 2):
-            k = min(i + 1, m - 1)
+        for i in range(lo, hi, 2):
+            k = min(i + 1, hi - 1)
             ref[0, i], ref[1, i], sa, ref[0, k], ref[1, k], sb = pair_sq(x, i, k, vt)
             got[0, i], got[1, i], _, got[0, k], got[1, k], _ = pair_dots(y, i, k, w)
             if bias:
                 ref[0, i] += vw[0]
                 ref[1, i] += vw[1]
-                if k != i:  # (k == i on the last row of an odd M: that row once)
+                if k != i:  # (k == i on the last row of an odd range: that row once)
                     ref[0, k] += vw[0]
                     ref[1, k] += vw[1]
             na[i] = math.sqrt(sa + bias)
             na[k] = math.sqrt(sb + bias)
-        return exact_verdict(got, ref, na, rnorm, factor, det, tiny)
+        return exact_verdict(got, ref, na, rnorm, factor, det, tiny, lo, hi)
 
     @jit
-    def bag_verdict(out, idx, off, rowsum, psw, mean, c_lb, tiny, ref, got):  # pragma: no cover - compiled
-        # bag b spans idx[off[b]:off[b+1]] (the last to the end); ref_b = pooled row sums (fp64), got_b =
-        # sum_d out_bd (fp32), written to ref and got; lb_b = c_lb ||out_b||_2 + tiny; returns
-        # max_b |got_b - ref_b| / lb_b, NaN if anything is not finite, -1 if an index or an offset is
-        # out of range (ref and got then incomplete)
+    def bag_verdict(lo, hi, out, idx, off, rowsum, psw, mean, c_lb, tiny, ref, got):  # pragma: no cover
+        # bags [lo, hi); bag b spans idx[off[b]:off[b+1]] (the last to the end); ref_b = pooled row sums
+        # (fp64), got_b = sum_d out_bd (fp32), written to ref and got; lb_b = c_lb ||out_b||_2 + tiny;
+        # returns max_b |got_b - ref_b| / lb_b, NaN if anything is not finite, -1 if an index or an
+        # offset is out of range (ref and got then incomplete)
         nb, d = out.shape
         n = idx.shape[0]
         rows = rowsum.shape[0]
@@ -217,7 +217,7 @@ def _build() -> dict[str, Any] | None:
         worst = 0.0
         finite = True
         bad = False
-        for bg in range(nb):
+        for bg in range(lo, hi):
             s = off[bg]
             e = off[bg + 1] if bg + 1 < nb else n
             if s < 0 or e > n:
@@ -249,8 +249,17 @@ def _build() -> dict[str, Any] | None:
             return -1.0
         return worst if finite else math.nan
 
-    return {"gemm_lower": gemm_lower, "mm_encode": mm_encode, "mm_exact": mm_exact, "linear_exact": linear_exact,
-            "bag_verdict": bag_verdict}
+    return {"gemm_lower": gemm_lower, "b_pass": b_pass, "a_pass": a_pass, "mm_exact": mm_exact,
+            "linear_exact": linear_exact, "bag_verdict": bag_verdict}
+
+
+def _run(name: str, n: int, *args: Any) -> float:
+    """Kernel ``name`` over rows (bags) ``[0, n)`` on the calling thread.
+
+    (Splitting the rows over a thread pool -- the kernels release the GIL -- was measured slower on
+    this 2-core host at 2 intra-op threads: +15% against +11.5% of an n = 1024 GEMM for one thread.)
+    """
+    return float(_kernels()[name](0, n, *args))
 
 
 def _kernels() -> dict[str, Any] | None:
@@ -285,7 +294,7 @@ def gemm_lower(c: np.ndarray, w: np.ndarray, ref: np.ndarray, vnorm: np.ndarray,
     (2 x N) float32 weights ``w`` to ``got`` (2 x M float64) and return the largest
     ``max_w |got_wi - ref_wi| / lb_i``, ``lb`` the lower-bound threshold of
     :meth:`.abft.RowChecks._lower_bound` (NaN when a value is not finite)."""
-    return float(_kernels()["gemm_lower"](c, w, ref, vnorm, factor, det, tiny, got))
+    return _run("gemm_lower", c.shape[0], c, w, ref, vnorm, factor, det, tiny, got)
 
 
 def mm_encode(a: np.ndarray, b: np.ndarray, w: np.ndarray, vt: np.ndarray, r: np.ndarray, ref: np.ndarray,
@@ -293,22 +302,24 @@ def mm_encode(a: np.ndarray, b: np.ndarray, w: np.ndarray, vt: np.ndarray, r: np
     """The reference side of a checked ``A @ B`` in one pass over each operand: ``vt = W^T B^T`` (2 x K
     float32), ``r = |B| e`` (K), ``ref = vt A^T`` (2 x M) and the row norms ``na`` of A (M), written to
     the given arrays; returns ``||r||``."""
-    return float(_kernels()["mm_encode"](a, b, w, vt, r, ref, na))
+    _run("b_pass", b.shape[0], b, w, vt, r)
+    _run("a_pass", a.shape[0], a, vt, ref, na)
+    return math.sqrt(float(np.dot(r, r)))
 
 
 def mm_exact(c: np.ndarray, w: np.ndarray, ref: np.ndarray, na: np.ndarray, rnorm: float, factor: float,
              det: float, tiny: float, got: np.ndarray) -> float:
     """The row checksums of ``c`` (to ``got``) and the largest ratio to the *exact* threshold
     ``det |ref_0i| + tiny + factor ||a_i|| ||r||`` (NaN when a value is not finite)."""
-    return float(_kernels()["mm_exact"](c, w, ref, na, rnorm, factor, det, tiny, got))
+    return _run("mm_exact", c.shape[0], c, w, ref, na, rnorm, factor, det, tiny, got)
 
 
 def linear_exact(x: np.ndarray, vt: np.ndarray, vw: np.ndarray | None, y: np.ndarray, w: np.ndarray, rnorm: float,
                  factor: float, det: float, tiny: float, ref: np.ndarray, got: np.ndarray, na: np.ndarray) -> float:
     """:func:`mm_exact` of a Linear ``y = x W^T + b``, with the reference ``vt x^T + vw`` (to ``ref``) and the
     row norms of ``[x | 1]`` (to ``na``) computed in the same pass over ``x``."""
-    return float(_kernels()["linear_exact"](x, vt, _NO_WEIGHTS if vw is None else vw, y, w, rnorm, factor, det,
-                                            tiny, ref, got, na))
+    return _run("linear_exact", x.shape[0], x, vt, _NO_WEIGHTS if vw is None else vw, y, w, rnorm,
+                factor, det, tiny, ref, got, na)
 
 
 _NO_WEIGHTS = np.zeros(0, np.float32)
@@ -319,5 +330,5 @@ def bag_verdict(out: np.ndarray, idx: np.ndarray, off: np.ndarray, rowsum: np.nd
     """Write the per-bag reference and output sum (fp64) of an EmbeddingBag to ``ref`` and ``got`` and
     return the largest ``|got_b - ref_b| / (c_lb ||out_b||_2 + tiny)`` (see module docstring); NaN when
     a value is not finite, -1 when an index or an offset is out of range (``ref``/``got`` then incomplete)."""
-    return float(_kernels()["bag_verdict"](out, idx, off, rowsum, _NO_WEIGHTS if psw is None else psw, mean, c_lb,
-                                           tiny, ref, got))
+    return _run("bag_verdict", out.shape[0], out, idx, off, rowsum,
+                _NO_WEIGHTS if psw is None else psw, mean, c_lb, tiny, ref, got)
