@@ -217,5 +217,5 @@ def test_overhead_group_times_the_product_paths_with_an_aa_control():
     assert "median of 2 paired ratios" in ov.detail[f"embedding_bag_{shape}"]  # tables: twice the rounds
     floors = df[df.metric == "abft_floor"].set_index("subject")
     assert set(floors.index) == {"gemm_passes_floor_48", "gemm_passes_floor_1024",
-                                 f"embedding_bag_gather_floor_{shape}"}
+                                 f"embedding_bag_gather_floor_{shape}", f"embedding_bag_8bit_gather_floor_{shape}"}
     assert floors.threshold.isna().all() and (floors.status == "pass").all()  # information, no verdict

@@ -280,6 +280,8 @@ class EmbeddingFunctions:
                 abft.checked_quantized_embedding_bag(self.qt, self.idx, self.offsets)),
             "embedding_bag_bare_gather": lambda: (F.embedding_bag(self.idx, self.w, self.offsets, mode="sum"),
                                                   self.rowsum.index_select(0, self.idx)),
+            "embedding_bag_8bit_bare_gather": lambda: (abft.quantized_embedding_bag(self.qt, self.idx, self.offsets),
+                                                       self.rowsum.index_select(0, self.idx)),
         }
 
 
@@ -296,4 +298,6 @@ EMBEDDING_FLOORS = (
     ("embedding_bag_gather_floor", "embedding_bag_bare_gather", "embedding_bag",
      "F.embedding_bag plus the bare gather of one 4-byte row sum per index (no sums, no verdict) vs "
      "F.embedding_bag"),
+    ("embedding_bag_8bit_gather_floor", "embedding_bag_8bit_bare_gather", "embedding_bag_8bit",
+     "the 8-bit row-wise fused kernel plus the bare gather of one 4-byte row sum per index vs the kernel alone"),
 )
