@@ -573,3 +573,14 @@ def test_bitflip_mode_corrupts_the_result_of_an_out_variant_but_leaves_in_place_
         _, rep = abft.checked_mm(a, b)
     assert rep.alarm
 
+
+
+@needs_kernels
+def test_protect_takes_the_compiled_linear_check_while_training():
+    # outputs that require grad (a training step) are read through detached views: still compiled
+    model = torch.nn.Sequential(torch.nn.Linear(12, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3))
+    x = torch.randn(5, 12)
+    with protect(model) as guard, mock.patch.object(_kernels, "linear_exact", wraps=_kernels.linear_exact) as spy:
+        model(x).sum().backward()
+    assert spy.call_count == 2 and guard.checks == 2 and not guard.alarms
+    assert model[0].weight.grad is not None

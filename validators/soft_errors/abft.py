@@ -376,8 +376,13 @@ def _compiled_ok(*ts: torch.Tensor) -> bool:
     buffer, its NumPy view, the constants and the report are made before the product (written with
     ``out=``) and only the one kernel call is left after it. Not with autograd (``out=`` does not take it).
     """
+    return _compiled_cpu(*ts) and not (torch.is_grad_enabled() and any(t.requires_grad for t in ts))
+
+
+def _compiled_cpu(*ts: torch.Tensor) -> bool:
+    """Whether the compiled CPU kernels can check these float32 tensors (read through detached views)."""
     return CHECK_VECTORS == 2 and all(t.device.type == "cpu" and t.dtype == torch.float32 for t in ts) and \
-        not (torch.is_grad_enabled() and any(t.requires_grad for t in ts)) and _kernels.available()
+        _kernels.available()
 
 
 def _np(t: torch.Tensor | np.ndarray) -> np.ndarray:
@@ -624,11 +629,11 @@ def verify_linear(enc: LinearEncoding, x2: torch.Tensor, y2: torch.Tensor, *, dt
                   op: str = "linear", exact_ratio: bool = False) -> CheckReport:
     """Check ``y2 = x2 W^T + b`` (2-D, accumulation dtype) against the layer's encoding; returns a report.
 
-    Costs one pass over ``x2`` (the reference checksums) and one over ``y2``; on the CPU both and
-    the lower-bound verdict are one compiled pass (:mod:`._kernels`).
+    Costs one pass over ``x2`` (the reference checksums) and one over ``y2``; on the CPU both, the
+    input's row norms and the verdict against the exact threshold are one compiled pass (:mod:`._kernels`).
     """
     with torch.no_grad():
-        if x2.shape[0] and _compiled_ok(x2, y2):
+        if x2.shape[0] and _compiled_cpu(x2, y2):  # (no out=: autograd is no obstacle here)
             return _CompiledLinear(enc, x2, y2, dtype=dtype, lam=lam, u=u, u_out=u_out, op=op).verdict(exact_ratio)
         ref = torch.addmm(enc.vw[:, None], enc.vt, x2.t()) if enc.vw is not None else enc.vt @ x2.t()
         rc = RowChecks(ref, enc.vnorm, x2, enc.w.t(), enc.bias, None, enc.rnorm)
