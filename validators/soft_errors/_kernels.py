@@ -5,13 +5,13 @@ product; right after a large GEMM or lookup the caches and predictors are cold a
 costs 10-60 us on a 2-core x86 host, which is more than the checksum's own memory traffic. These
 kernels compute the checksums and the verdict in the passes over the data themselves:
 
-* :func:`mm_encode` / :func:`mm_exact`: ``B W`` and ``|B| e`` in one pass over B, the reference
+* :func:`mm_encode` / ``mm_exact``: ``B W`` and ``|B| e`` in one pass over B, the reference
   ``A (B W)`` and the row norms of A in one over A, then ``C W`` and the ratio of every row to its
   *exact* threshold in one over C (:mod:`.abft`'s formula);
-* :func:`linear_exact`: the reference and the row norms of the input and ``C W`` of the output of a
+* ``linear_exact``: the reference and the row norms of the input and ``C W`` of the output of a
   Linear, in one pass over both, against the exact threshold;
 * :func:`gemm_lower`: ``C W`` and the lower-bound verdict of an :func:`.abft.encode_gemm` encoding;
-* :func:`bag_verdict`: the gather of the row sums, the per-bag reference, the sum and 2-norm of
+* ``bag_verdict``: the gather of the row sums, the per-bag reference, the sum and 2-norm of
   each output row and the lower-bound verdict of an EmbeddingBag.
 
 The kernels run on the calling thread: at 2 intra-op threads on this 2-core host the checked
@@ -37,6 +37,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -53,13 +54,13 @@ DISABLE_ENV = "MYSTIQUE_NO_NUMBA"
 BLOCK = 64
 
 
-def _build() -> dict[str, Any] | None:
+def _build(cache: bool = True) -> dict[str, Any] | None:
     try:
         import numba
     except Exception:  # noqa: BLE001 - any import failure (missing, broken LLVM) means the torch path
         return None
     flags = {"reassoc", "contract"}
-    jit = numba.njit(cache=True, nogil=True, boundscheck=False, fastmath=flags)
+    jit = numba.njit(cache=cache, nogil=True, boundscheck=False, fastmath=flags)
 
     def make_pair(kind):
         # kind 0: (sum_j c_ij w_0j, sum_j c_ij w_1j); 1: also sum_j |c_ij|; 2: also sum_j c_ij^2 -- for the
@@ -163,11 +164,14 @@ def _build() -> dict[str, Any] | None:
 
     @jit
     def b_pass(lo, hi, b, w, vt, r):  # pragma: no cover - compiled
-        # rows [lo, hi) of B: vt = W^T B^T (fp32), r = |B| e
+        # rows [lo, hi) of B: vt = W^T B^T (fp32), r = |B| e; returns sum r_k^2 over the range
         for i in range(lo, hi, 2):
             k = min(i + 1, hi - 1)
             vt[0, i], vt[1, i], r[i], vt[0, k], vt[1, k], r[k] = pair_abs(b, i, k, w)
-        return 0.0
+        rn = 0.0
+        for i in range(lo, hi):
+            rn += r[i] * r[i]
+        return rn
 
     @jit
     def a_pass(lo, hi, a, vt, ref, na):  # pragma: no cover - compiled
@@ -262,10 +266,43 @@ def _run(name: str, n: int, *args: Any) -> float:
     return float(_kernels()[name](0, n, *args))
 
 
+def _smoke(k: dict[str, Any]) -> None:
+    """Call every kernel once on tiny arrays of the dtypes the checks use (float32 data, int64 indices):
+    this loads (or compiles) them, so that a cache Numba cannot load fails here, not in a check."""
+    f32, f64 = np.float32, np.float64
+    c, w = np.ones((2, 3), f32), np.ones((2, 3), f32)
+    ref, got, na, vt, r = np.zeros((2, 2)), np.zeros((2, 2)), np.ones(2), np.ones((2, 3), f32), np.zeros(3)
+    k["gemm_lower"](0, 2, c, w, np.zeros((2, 2), f32), np.ones(2), 1.0, 1.0, 1.0, got)
+    k["b_pass"](0, 3, np.ones((3, 3), f32), w, vt, r)
+    k["a_pass"](0, 2, c, vt, ref, na)
+    k["mm_exact"](0, 2, c, w, ref, na, 1.0, 1.0, 1.0, 1.0, got)
+    k["linear_exact"](0, 2, c, vt, NO_WEIGHTS, c, w, 1.0, 1.0, 1.0, 1.0, ref, got, na)
+    k["bag_verdict"](0, 1, np.ones((1, 3), f32), np.zeros(2, np.int64), np.zeros(1, np.int64), np.ones(3, f32),
+                     NO_WEIGHTS, False, 1.0, 1.0, np.zeros(1, f64), np.zeros(1, f64))
+
+
 def _kernels() -> dict[str, Any] | None:
     if "k" not in _STATE:
-        _STATE["k"] = None if os.environ.get(DISABLE_ENV) == "1" else _build()
+        k = None if os.environ.get(DISABLE_ENV) == "1" else _build()
+        if k is not None:
+            try:
+                _smoke(k)
+            except Exception as exc:  # noqa: BLE001 - a cache Numba cannot load (stale, foreign, corrupt)
+                warnings.warn(f"mystique: Numba's kernel cache could not be loaded ({exc}); compiling without "
+                              "it in this process", RuntimeWarning, stacklevel=2)
+                k = _build(cache=False)
+                try:
+                    _smoke(k)
+                except Exception:  # noqa: BLE001 - no compiled verdicts: the torch path runs
+                    k = None
+        _STATE["k"] = k
     return _STATE["k"]
+
+
+def raw(name: str) -> Any:
+    """The compiled kernel ``name`` itself (rows ``lo, hi`` first): the hot paths of :mod:`.abft` call it
+    directly, every Python-level call right after a large product being costly."""
+    return _kernels()[name]
 
 
 def available() -> bool:
@@ -302,33 +339,10 @@ def mm_encode(a: np.ndarray, b: np.ndarray, w: np.ndarray, vt: np.ndarray, r: np
     """The reference side of a checked ``A @ B`` in one pass over each operand: ``vt = W^T B^T`` (2 x K
     float32), ``r = |B| e`` (K), ``ref = vt A^T`` (2 x M) and the row norms ``na`` of A (M), written to
     the given arrays; returns ``||r||``."""
-    _run("b_pass", b.shape[0], b, w, vt, r)
+    rn = _run("b_pass", b.shape[0], b, w, vt, r)
     _run("a_pass", a.shape[0], a, vt, ref, na)
-    return math.sqrt(float(np.dot(r, r)))
+    return math.sqrt(rn)
 
 
-def mm_exact(c: np.ndarray, w: np.ndarray, ref: np.ndarray, na: np.ndarray, rnorm: float, factor: float,
-             det: float, tiny: float, got: np.ndarray) -> float:
-    """The row checksums of ``c`` (to ``got``) and the largest ratio to the *exact* threshold
-    ``det |ref_0i| + tiny + factor ||a_i|| ||r||`` (NaN when a value is not finite)."""
-    return _run("mm_exact", c.shape[0], c, w, ref, na, rnorm, factor, det, tiny, got)
-
-
-def linear_exact(x: np.ndarray, vt: np.ndarray, vw: np.ndarray | None, y: np.ndarray, w: np.ndarray, rnorm: float,
-                 factor: float, det: float, tiny: float, ref: np.ndarray, got: np.ndarray, na: np.ndarray) -> float:
-    """:func:`mm_exact` of a Linear ``y = x W^T + b``, with the reference ``vt x^T + vw`` (to ``ref``) and the
-    row norms of ``[x | 1]`` (to ``na``) computed in the same pass over ``x``."""
-    return _run("linear_exact", x.shape[0], x, vt, _NO_WEIGHTS if vw is None else vw, y, w, rnorm,
-                factor, det, tiny, ref, got, na)
-
-
-_NO_WEIGHTS = np.zeros(0, np.float32)
-
-
-def bag_verdict(out: np.ndarray, idx: np.ndarray, off: np.ndarray, rowsum: np.ndarray, psw: np.ndarray | None,
-                mean: bool, c_lb: float, tiny: float, ref: np.ndarray, got: np.ndarray) -> float:
-    """Write the per-bag reference and output sum (fp64) of an EmbeddingBag to ``ref`` and ``got`` and
-    return the largest ``|got_b - ref_b| / (c_lb ||out_b||_2 + tiny)`` (see module docstring); NaN when
-    a value is not finite, -1 when an index or an offset is out of range (``ref``/``got`` then incomplete)."""
-    return _run("bag_verdict", out.shape[0], out, idx, off, rowsum,
-                _NO_WEIGHTS if psw is None else psw, mean, c_lb, tiny, ref, got)
+#: the empty per-sample weights / bias argument of the kernels
+NO_WEIGHTS = np.zeros(0, np.float32)

@@ -81,6 +81,7 @@ flip of those moves the reference with the result and goes unseen.
 
 from __future__ import annotations
 
+import functools
 import math
 import weakref
 from dataclasses import dataclass, field
@@ -531,16 +532,18 @@ def _compiled_mm(a32: torch.Tensor, b32: torch.Tensor, dtype: torch.dtype, lam: 
     verdict against the exact threshold, in one call, with everything it needs prepared before."""
     (m, k), n = a32.shape, b32.shape[1]
     wt = _np(check_weights(n, a32.device, torch.float32))
-    a_np, b_np = _np(a32.contiguous()), _np(b32.contiguous())
     vt, r = np.empty((2, k), np.float32), np.empty(k)
-    ref, na, got = np.empty((2, m)), np.empty(m), np.empty((2, m))
-    rnorm = _kernels.mm_encode(a_np, b_np, wt, vt, r, ref, na)
+    buf = np.empty((5, m))  # ref (2 rows), got (2), A's row norms (1)
+    ref, got, na = buf[0:2], buf[2:4], buf[4]
+    rnorm = _kernels.mm_encode(a32.detach().numpy(), b32.detach().numpy(), wt, vt, r, ref, na)
     acc = torch.empty((m, n), dtype=torch.float32)
-    args = (_np(acc), wt, ref, na, rnorm, *_gemm_constants(k, m, n, UNIT_ROUNDOFF[torch.float32],
-                                                           GEMM_LAMBDA if lam is None else lam, 0.0, torch.float32), got)
+    args = (0, m, acc.numpy(), wt, ref, na, rnorm, *_gemm_constants(k, m, n, UNIT_ROUNDOFF[torch.float32],
+                                                                    GEMM_LAMBDA if lam is None else lam, 0.0,
+                                                                    torch.float32), got)
     rep = CheckReport("gemm", _dt(dtype), False, 0.0, True, [], [], None, (m, k, n))
+    kernel = _kernels.raw("mm_exact")
     torch.mm(a32, b32, out=acc)
-    worst = _kernels.mm_exact(*args)
+    worst = float(kernel(*args))
     out = acc if dtype == torch.float32 else acc.to(dtype)
     if worst <= _CLEAR:  # NaN (something not finite) falls through to the full check
         rep.max_ratio = worst
@@ -605,6 +608,12 @@ class LinearEncoding:
     vnorm: np.ndarray
     rnorm: float
 
+    @functools.cached_property
+    def views(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(vt, vw, W_chk^T)`` as NumPy views for the compiled CPU check (``vw`` empty without a bias)."""
+        wt = check_weights(self.w.shape[0], self.w.device, torch.float32)
+        return (_np(self.vt), _np(self.vw) if self.vw is not None else np.zeros(0, np.float32), _np(wt))
+
 
 def encode_linear(weight: torch.Tensor, bias: torch.Tensor | None = None) -> LinearEncoding:
     """Encode a Linear layer's weight (N x K) and bias (N,) for :func:`verify_linear`."""
@@ -643,30 +652,32 @@ def verify_linear(enc: LinearEncoding, x2: torch.Tensor, y2: torch.Tensor, *, dt
 
 class _CompiledLinear:
     """The compiled CPU verdict of one Linear call ``y2 = x2 W^T + b``, prepared (NumPy views, constants,
-    report) before the product writes ``y2``; :meth:`verdict` is then one kernel call (see _compiled_ok)."""
+    buffers, report) before the product writes ``y2``; :meth:`verdict` is then one kernel call (see
+    _compiled_ok: each Python-level operation here is on the hot path)."""
 
     def __init__(self, enc: LinearEncoding, x2: torch.Tensor, y2: torch.Tensor, *, dtype: torch.dtype,
                  lam: float | None, u: float | None, u_out: float, op: str) -> None:
         m, k = x2.shape
         n = enc.w.shape[0]
-        self.enc, self.x2, self.y2 = enc, x2.contiguous(), y2
+        vt, vw, wt = enc.views
+        self.enc, self.x2, self.y2 = enc, x2, y2
         self.opts = {"dtype": dtype, "lam": lam, "u": u, "u_out": u_out, "op": op}
-        self.ref, self.got, self.na = np.empty((2, m)), np.empty((2, m)), np.empty(m)
+        self.buf = buf = np.empty((5, m))  # ref (2 rows), got (2), the input's row norms (1)
         consts = _gemm_constants(k + (enc.bias is not None), m, n, UNIT_ROUNDOFF[torch.float32] if u is None else u,
                                  GEMM_LAMBDA if lam is None else lam, u_out, torch.float32)
-        self.args = (_np(self.x2), _np(enc.vt), None if enc.vw is None else _np(enc.vw), _np(y2),
-                     _np(check_weights(n, y2.device, y2.dtype)), enc.rnorm, *consts, self.ref, self.got, self.na)
+        self.args = (0, m, x2.detach().numpy(), vt, vw, y2.detach().numpy(), wt, enc.rnorm, *consts, buf[0:2],
+                     buf[2:4], buf[4])
         self.report = CheckReport(op, _dt(dtype), False, 0.0, True, [], [], None, (m, k, n))
 
     def verdict(self, exact_ratio: bool = False) -> CheckReport:
-        worst = _kernels.linear_exact(*self.args)
+        worst = _kernels.raw("linear_exact")(*self.args)
         if not exact_ratio and worst <= _CLEAR:  # NaN (something not finite) falls through to the full check
-            self.report.max_ratio = worst
+            self.report.max_ratio = float(worst)
             return self.report
-        enc, x2 = self.enc, self.x2
+        enc, x2, ref = self.enc, self.x2, self.buf[0:2]
         with np.errstate(invalid="ignore"):  # the full check reuses the kernel's checksums
-            diff = np.abs(self.got - self.ref).max(0)
-        rc = RowChecks(self.ref, enc.vnorm, x2, enc.w.t(), enc.bias, None, enc.rnorm)
+            diff = np.abs(self.buf[2:4] - ref).max(0)
+        rc = RowChecks(ref, enc.vnorm, x2, enc.w.t(), enc.bias, None, enc.rnorm)
         ge = GemmEncoding(x2.shape[0], x2.shape[1], enc.w.shape[0], rows=rc, bias=enc.bias)
         return verify_gemm(ge, self.y2, exact_ratio=exact_ratio, diff=diff, **self.opts)
 
@@ -713,9 +724,9 @@ def checked_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
         acc = torch.empty((x2.shape[0], enc.w.shape[0]), dtype=torch.float32)
         run = _CompiledLinear(enc, x2, acc, dtype=x.dtype, lam=lam, u=None, u_out=0.0, op="linear")
         if enc.bias is not None:
-            torch.addmm(enc.bias, run.x2, enc.w.t(), out=acc)  # what F.linear computes for 2-D input
+            torch.addmm(enc.bias, x2, enc.w.t(), out=acc)  # what F.linear computes for 2-D input
         else:
-            torch.mm(run.x2, enc.w.t(), out=acc)
+            torch.mm(x2, enc.w.t(), out=acc)
         rep = run.verdict()
     else:
         acc = F.linear(x2, enc.w, enc.bias)
@@ -918,21 +929,22 @@ class _CompiledBags:
         # tensors as they are, strided or not, and cached constants)
         self.bag = bag
         _, tiny, c_lb = bag.constants
-        self.ref, self.got = np.empty(bag.nb), np.empty(bag.nb)
-        psw = None if bag.psw is None else bag.psw.detach().numpy()
+        self.buf = np.empty((2, bag.nb))  # per-bag reference and output sums
+        psw = _kernels.NO_WEIGHTS if bag.psw is None else bag.psw.detach().numpy()
         self.args = (bag.idx.numpy(), bag.off.numpy(), bag.checks.rowsum_view(), psw, bag.mode == "mean", c_lb, tiny,
-                     self.ref, self.got)
+                     self.buf[0], self.buf[1])
         self.report = CheckReport(bag.op, bag.dtype, False, 0.0, True, [], [], None, bag.shape)
+        self.kernel = _kernels.raw("bag_verdict")
 
     def verdict(self, out2: torch.Tensor, exact_ratio: bool = False) -> CheckReport:
-        """Verdict on the (bags x D) float32 contiguous CPU output of the lookup."""
-        worst = _kernels.bag_verdict(out2.detach().numpy(), *self.args)
+        """Verdict on the (bags x D) float32 CPU output of the lookup."""
+        worst = float(self.kernel(0, self.bag.nb, out2.detach().numpy(), *self.args))
         if worst == -1.0:  # an index or offset out of range: the torch path reports it
             return _bag_exact(self.bag, out2, exact_ratio)
         if not exact_ratio and worst <= 1.0:  # NaN (something not finite) falls through
             self.report.max_ratio = worst
             return self.report
-        return _bag_exact(self.bag, out2, exact_ratio, (self.ref, self.got))
+        return _bag_exact(self.bag, out2, exact_ratio, (self.buf[0], self.buf[1]))
 
 
 def _bag_exact(bag: _Bags, out2: torch.Tensor, exact_ratio: bool,
