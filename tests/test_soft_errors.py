@@ -24,6 +24,11 @@ from mystique.errors import UsageError
 needs_kernels = pytest.mark.skipif(os.environ.get(_kernels.DISABLE_ENV) == "1",
                                    reason="compiled verdicts turned off (MYSTIQUE_NO_NUMBA=1)")
 
+
+def _kernels_on(on: bool) -> contextlib.AbstractContextManager:
+    """The compiled CPU verdicts as they are (on) or turned off for the block (the torch path)."""
+    return contextlib.nullcontext() if on else _kernels.disabled()
+
 FLOATS = [torch.float32, torch.bfloat16, torch.float16]
 ALL = [*FLOATS, torch.int8, torch.int32]
 
@@ -231,7 +236,7 @@ def test_lower_bound_fast_path_reaches_the_verdict_of_the_exact_thresholds(m, k,
     rng = random.Random(seed)
     for _ in range(flips):
         bits.flip_bits_(acc, rng.randrange(m * n), [bit])
-    with contextlib.nullcontext() if path == "compiled" else _kernels.disabled():
+    with _kernels_on(path == "compiled"):
         enc = abft.encode_gemm(a, b)
         if path == "primed":
             abft._prime(enc, None)
@@ -293,7 +298,7 @@ def test_embedding_bag_fast_path_reaches_the_exact_verdict(rows, d, lengths, mod
     out = F.embedding_bag(idx, table.weight, off, mode=mode, per_sample_weights=psw)
     if site == "output":
         bits.flip_bits_(out, (seed % len(lengths)) * d + seed % d, [bit])
-    with contextlib.nullcontext() if path == "compiled" else _kernels.disabled():
+    with _kernels_on(path == "compiled"):
         fast = abft.verify_bag_output(out, table.checks, idx, off, mode, psw)
         exact = abft.verify_bag_output(out, table.checks, idx, off, mode, psw, exact_ratio=True)
     assert (fast.alarm, fast.rows, fast.checked) == (exact.alarm, exact.rows, exact.checked)
@@ -524,7 +529,7 @@ def test_a_bag_output_corrupted_beyond_the_norms_range_is_flagged_not_waved_thro
     assert not rep.alarm
     bad = out.clone()
     bad[3, 5] = value
-    with contextlib.nullcontext() if compiled else _kernels.disabled():
+    with _kernels_on(compiled):
         rep = abft.verify_bag_output(bad, table.checks, idx, off, "sum")
     assert (rep.alarm and 3 in rep.rows) or not rep.checked, rep.describe()
     if math.isfinite(value):

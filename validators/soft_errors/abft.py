@@ -84,6 +84,7 @@ from __future__ import annotations
 import functools
 import math
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -1002,16 +1003,23 @@ def checked_embedding_bag(table: CheckedTable, indices: torch.Tensor, offsets: t
     if mode not in ("sum", "mean"):
         raise UsageError(f"checked_embedding_bag supports sum and mean pooling, got {mode!r}")
     idx, off = _bags_args(indices, offsets)
-    shape = (table.weight.shape[0], table.dim, off.shape[0])
-    if not exact_ratio and off.shape[0] and _compiled_bags_ok(table.weight, table.checks):
-        run = _CompiledBags(_Bags(table.checks, idx, off, mode, per_sample_weights, off.shape[0], table.dim, 4.0, 0.0,
-                                  lam, f"embedding_bag_{mode}", "float32", shape))
-        out = F.embedding_bag(idx, table.weight, off, mode=mode, per_sample_weights=per_sample_weights)
-        return out, run.verdict(out.detach())
-    out = F.embedding_bag(idx, table.weight, off, mode=mode, per_sample_weights=per_sample_weights)
-    rep = verify_bag_output(out, table.checks, idx, off, mode, per_sample_weights, lam=lam,
-                            op=f"embedding_bag_{mode}", shape=shape, exact_ratio=exact_ratio)
-    return out, rep
+    bag = _Bags(table.checks, idx, off, mode, per_sample_weights, off.shape[0], table.dim, 4.0, 0.0, lam,
+                f"embedding_bag_{mode}", "float32", (table.weight.shape[0], table.dim, off.shape[0]))
+    return _checked_lookup(bag, exact_ratio, lambda: F.embedding_bag(idx, table.weight, off, mode=mode,
+                                                                     per_sample_weights=per_sample_weights))
+
+
+def _checked_lookup(bag: _Bags, exact_ratio: bool, lookup: Callable[[], torch.Tensor]
+                    ) -> tuple[torch.Tensor, CheckReport]:
+    """``lookup()`` (sum or mean pooling, the bags of ``bag``) and its report: on the CPU the compiled
+    verdict, prepared before the lookup; elsewhere, or for an exact ratio, :func:`verify_bag_output`."""
+    run = _CompiledBags(bag) if not exact_ratio and bag.nb and _compiled_bags_ok(bag.checks.rowsum, bag.checks) \
+        else None
+    out = lookup()
+    if run is not None:
+        return out, run.verdict(out)
+    return out, verify_bag_output(out, bag.checks, bag.idx, bag.off, bag.mode, bag.psw, extra=bag.extra, lam=bag.lam,
+                                  op=bag.op, dtype=bag.dtype, shape=bag.shape, exact_ratio=exact_ratio)
 
 
 @dataclass
@@ -1083,16 +1091,9 @@ def checked_quantized_embedding_bag(table: QuantizedTable, indices: torch.Tensor
     if mode not in ("sum", "mean"):
         raise UsageError(f"checked_quantized_embedding_bag supports sum and mean pooling, got {mode!r}")
     idx, off = _bags_args(indices, offsets)
-    if not exact_ratio and off.shape[0] and _compiled_bags_ok(table.packed, table.checks):
-        run = _CompiledBags(_Bags(table.checks, idx, off, mode, None, off.shape[0], table.dim, 6.0, 0.0, lam,
-                                  f"embedding_bag_8bit_{mode}", "uint8", (table.packed.shape[0], table.dim, off.shape[0])))
-        out = quantized_embedding_bag(table, idx, off, mode)
-        return out, run.verdict(out)
-    out = quantized_embedding_bag(table, idx, off, mode)
-    rep = verify_bag_output(out, table.checks, idx, off, mode, extra=6.0, lam=lam, op=f"embedding_bag_8bit_{mode}",
-                            dtype="uint8", shape=(table.packed.shape[0], table.dim, out.shape[0]),
-                            exact_ratio=exact_ratio)
-    return out, rep
+    bag = _Bags(table.checks, idx, off, mode, None, off.shape[0], table.dim, 6.0, 0.0, lam,
+                f"embedding_bag_8bit_{mode}", "uint8", (table.packed.shape[0], table.dim, off.shape[0]))
+    return _checked_lookup(bag, exact_ratio, lambda: quantized_embedding_bag(table, idx, off, mode))
 
 
 def describe_thresholds() -> dict[str, Any]:
