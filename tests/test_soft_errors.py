@@ -353,17 +353,18 @@ def test_the_compiled_verdicts_run_in_the_test_environment():
     with mock.patch.object(_kernels, "gemm_lower", wraps=_kernels.gemm_lower) as spy:
         assert not abft.verify_gemm(enc, a @ b, dtype=torch.float32).alarm
     assert spy.call_count == 1
+    abft._MM_PLANS.clear()  # (the kernels of a shape are looked up once, with its plan)
     with mock.patch.object(_kernels, "raw", wraps=_kernels.raw) as spy:
         assert not abft.checked_mm(a, b)[1].alarm
-    assert [c.args[0] for c in spy.call_args_list] == ["mm_exact"]
+    assert [c.args[0] for c in spy.call_args_list] == ["b_pass", "a_pass", "mm_exact"]
     with mock.patch.object(_kernels, "raw", wraps=_kernels.raw) as spy:
         assert not abft.checked_linear(a, b.t().contiguous(), torch.randn(6, generator=g))[1].alarm
-    assert [c.args[0] for c in spy.call_args_list] == ["linear_exact"]
+    assert [c.args[0] for c in spy.call_args_list] == ["x_pass", "mm_exact"]
     table = abft.checked_table(torch.randn(30, 4, generator=g))
     idx, off = torch.randint(0, 30, (12,), generator=g), torch.tensor([0, 5])
     with mock.patch.object(_kernels, "raw", wraps=_kernels.raw) as spy:
         assert not abft.checked_embedding_bag(table, idx, off)[1].alarm
-    assert [c.args[0] for c in spy.call_args_list] == ["bag_verdict"]
+    assert [c.args[0] for c in spy.call_args_list] == ["bag_lookup"]
 
 
 @needs_kernels
@@ -555,7 +556,9 @@ def test_protect_checks_every_kind_of_lookup_once_and_flags_a_corrupted_one(kind
             mock.patch.object(abft, "_pooled", lambda *a, **k: pooled.append(1) or real(*a, **k)), \
             mock.patch.object(_kernels, "raw", lambda name: pooled.append(name) or compiled(name)):
         clean = mod(*args)
-        assert guard.checks == 1 and not guard.alarms and len(pooled) == 1  # one row-sum gather per call
+        # one row-sum gather per call: torch's (_pooled), the compiled verdict's or the fused lookup's
+        assert guard.checks == 1 and not guard.alarms and \
+            len([p for p in pooled if p in (1, "bag_verdict", "bag_lookup")]) == 1, pooled
         with inject.flip_module_output(mod, seed=2, bit_class="exponent", name="emb") as recs:
             mod(*args)
     assert recs and len(guard.alarms) == 1, [a.describe() for a in guard.alarms]
@@ -587,7 +590,7 @@ def test_protect_takes_the_compiled_linear_check_while_training():
     x = torch.randn(5, 12)
     with protect(model) as guard, mock.patch.object(_kernels, "raw", wraps=_kernels.raw) as spy:
         model(x).sum().backward()
-    assert [c.args[0] for c in spy.call_args_list] == ["linear_exact"] * 2 and guard.checks == 2 and not guard.alarms
+    assert [c.args[0] for c in spy.call_args_list] == ["x_pass", "mm_exact"] * 2 and guard.checks == 2 and not guard.alarms
     assert model[0].weight.grad is not None
 
 
@@ -611,3 +614,148 @@ def test_a_kernel_cache_numba_cannot_load_falls_back_to_compiling_without_it(mon
     assert len(calls) == 2 and calls[1] is _kernels._STATE["k"]
     g = torch.Generator().manual_seed(0)
     assert not abft.checked_mm(torch.randn(6, 5, generator=g), torch.randn(5, 4, generator=g))[1].alarm
+
+
+# ----------------------------------------------------------------------------- fused EmbeddingBag lookup
+
+def _spy_kernels():
+    names: list[str] = []
+    real = _kernels.raw
+    return names, mock.patch.object(_kernels, "raw", lambda name: names.append(name) or real(name))
+
+
+@needs_kernels
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), d=st.sampled_from([1, 7, 16, 17, 63, 64, 65, 128, 130, 200, 256]),
+       mode=st.sampled_from(["sum", "mean", "weighted"]), quantized=st.booleans(), int32=st.booleans())
+def test_the_fused_lookup_returns_torchs_output_bitwise_and_no_alarm(seed, d, mode, quantized, int32):
+    # the checked EmbeddingBag computes the lookup itself on the CPU: it must be torch's, bit for bit
+    # (ragged and empty bags, every column chunk, int32 and int64 indices, weights, 8-bit rows)
+    rng = random.Random(seed)
+    g = torch.Generator().manual_seed(seed)
+    rows = rng.randint(1, 300)
+    lengths = [rng.choice([0, 1, 2, 5, 17, 40]) for _ in range(rng.randint(1, 12))]
+    dt = torch.int32 if int32 else torch.int64
+    idx = torch.randint(0, rows, (sum(lengths),), generator=g).to(dt)
+    off = torch.tensor([0, *np.cumsum(lengths)[:-1].tolist()], dtype=dt)
+    w = torch.randn(rows, d, generator=g) * torch.logspace(-4, 4, rows)[:, None]
+    weighted = mode == "weighted" and not quantized
+    psw = torch.randn(idx.shape[0], generator=g) if weighted else None
+    pool = "mean" if mode == "mean" else "sum"
+    names, spy = _spy_kernels()
+    with spy:
+        if quantized:
+            table = abft.QuantizedTable.from_float(w)
+            out, rep = abft.checked_quantized_embedding_bag(table, idx, off, pool)
+            want = abft.quantized_embedding_bag(table, idx.long(), off.long(), pool)
+        else:
+            out, rep = abft.checked_embedding_bag(abft.checked_table(w), idx, off, pool, per_sample_weights=psw)
+            want = F.embedding_bag(idx, w, off, mode=pool, per_sample_weights=psw)
+    assert names[0] == "bag_lookup"
+    assert torch.equal(out, want) and out.dtype == torch.float32 and out.is_contiguous()
+    assert not rep.alarm and rep.checked and rep.max_ratio <= 1.0
+
+
+@needs_kernels
+@pytest.mark.parametrize(("quantized", "site"), [(False, "row"), (True, "row"), (True, "scale_bias")])
+def test_the_fused_lookup_flags_a_flipped_table_row_in_its_bag(quantized, site):
+    g = torch.Generator().manual_seed(5)
+    w = torch.randn(100, 64, generator=g)
+    idx = torch.randint(0, 100, (60,), generator=g)
+    off = torch.tensor([0, 20, 40])
+    row = int(idx[45])  # in bag 2 only
+    idx[:40] = torch.where(idx[:40] == row, (row + 1) % 100, idx[:40])
+    names, spy = _spy_kernels()
+    if quantized:
+        table = abft.QuantizedTable.from_float(w)
+        packed = table.packed.clone()
+        col = 64 + 3 if site == "scale_bias" else 10  # the scale's top byte, or a code's top bit
+        packed[row, col] ^= 0x40 if site == "scale_bias" else 0x80
+        faulty = abft.QuantizedTable(packed, table.checks, 64)
+        with spy:
+            out, rep = abft.checked_quantized_embedding_bag(faulty, idx, off)
+        assert torch.equal(out, abft.quantized_embedding_bag(faulty, idx, off))
+    else:
+        table = abft.checked_table(w)
+        bad = table.weight.clone()
+        bad.view(torch.int32)[row, 7] ^= 1 << 29  # an exponent bit
+        with spy:
+            out, rep = abft.checked_embedding_bag(abft.CheckedTable(bad, table.checks), idx, off)
+        assert torch.equal(out, F.embedding_bag(idx, bad, off, mode="sum"))
+    assert names[0] == "bag_lookup" and rep.alarm and rep.rows == [2], rep.describe()
+
+
+@needs_kernels
+@pytest.mark.parametrize("index", [100, -1])
+def test_the_fused_lookup_leaves_an_out_of_range_index_to_torch(index):
+    table = abft.checked_table(torch.randn(100, 32))
+    idx, off = torch.tensor([1, 2, index, 3]), torch.tensor([0, 2])
+    with pytest.raises(RuntimeError, match="valid range"):
+        F.embedding_bag(idx, table.weight, off)
+    with pytest.raises(RuntimeError, match="valid range"):
+        abft.checked_embedding_bag(table, idx, off)
+    with pytest.raises(RuntimeError, match="offsets"):
+        abft.checked_embedding_bag(table, torch.tensor([1, 2]), torch.tensor([0, 3]))
+
+
+@needs_kernels
+def test_torchs_lookup_runs_under_a_dispatch_mode_under_autograd_and_where_the_kernels_disagree(monkeypatch):
+    g = torch.Generator().manual_seed(2)
+    w = torch.randn(50, 16, generator=g)
+    idx, off = torch.randint(0, 50, (30,), generator=g), torch.tensor([0, 10, 20])
+    table = abft.checked_table(w)
+    # a fault simulated on torch's operators reaches the lookup (and is caught)
+    with inject.BitFlipMode(rate=1.0, bit_class="exponent", seed=0, max_flips=1,
+                            ops="_embedding_bag_forward_only,_embedding_bag"):
+        out, rep = abft.checked_embedding_bag(table, idx, off)
+    assert rep.alarm and not torch.equal(out, F.embedding_bag(idx, w, off))
+    # autograd: torch's lookup, whose output carries the graph
+    leaf = torch.nn.Parameter(w.clone())
+    names, spy = _spy_kernels()
+    with spy:
+        out, rep = abft.checked_embedding_bag(abft.CheckedTable(leaf, table.checks), idx, off)
+    assert out.grad_fn is not None and not rep.alarm and "bag_lookup" not in names
+    # a torch build that rounds otherwise: the fused lookup is not used
+    monkeypatch.setitem(abft._AGREE, (False, False), False)
+    names, spy = _spy_kernels()
+    with spy:
+        assert not abft.checked_embedding_bag(table, idx, off)[1].alarm
+    assert names == ["bag_verdict"]
+
+
+@needs_kernels
+def test_the_fused_lookup_agreement_check_catches_a_kernel_that_rounds_otherwise(monkeypatch):
+    monkeypatch.setattr(abft, "_AGREE", {})
+    assert abft._fused_lookups_agree(False, True) and abft._fused_lookups_agree(True, False)
+    real = _kernels._kernels()["bag_lookup"]
+
+    def off_by_one_ulp(*args):
+        worst = real(*args)
+        args[5][0, 0] = np.nextafter(args[5][0, 0], np.float32(np.inf))
+        return worst
+
+    monkeypatch.setattr(abft, "_AGREE", {})
+    monkeypatch.setitem(_kernels._kernels(), "bag_lookup", off_by_one_ulp)
+    assert not abft._fused_lookups_agree(False, False)
+
+
+@needs_kernels
+def test_protect_runs_the_fused_lookup_keeps_outputs_and_restores_the_module():
+    torch.manual_seed(4)
+    bag = torch.nn.EmbeddingBag(200, 64, mode="sum")
+    idx, off = torch.randint(0, 200, (90,)), torch.tensor([0, 30, 60])
+    with torch.no_grad():
+        want = bag(idx, off)
+        names, spy = _spy_kernels()
+        with protect(bag) as guard, spy:
+            assert "forward" in bag.__dict__
+            got = bag(idx, off)
+            got_kw = bag(input=idx, offsets=off)  # keyword arguments: the hooks see them too
+            with inject.flip_module_output(bag, seed=3, bit_class="exponent", name="bag") as recs:
+                bag(idx, off)
+        assert "forward" not in bag.__dict__ and not bag._forward_hooks and not bag._forward_pre_hooks
+    assert torch.equal(got, want) and torch.equal(got_kw, want)
+    assert names.count("bag_lookup") == 3 and names.count("bag_out_verdict") == 3
+    assert guard.checks == 3 and recs and len(guard.alarms) == 1
+    # the output flip came after the lookup: the hook's pass over the output saw it
+    assert guard.alarms[0].call == 3

@@ -526,29 +526,42 @@ def _accumulate(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 _CLEAR = 1.0 - 2.0**-10
 
 
+_MM_PLANS: dict[tuple[Any, ...], tuple[Any, ...]] = {}
+
+
+def _mm_plan(m: int, k: int, n: int, lam: float | None) -> tuple[Any, ...]:
+    """What a compiled checked ``(m x k) @ (k x n)`` needs besides its operands: the check weights'
+    NumPy view, the threshold's constants and the kernels (cached per shape: every Python-level
+    operation around a large GEMM costs 10-60 us on this host)."""
+    key = (m, k, n, lam)
+    plan = _MM_PLANS.get(key)
+    if plan is None:
+        if len(_MM_PLANS) >= _MAX_CACHED:
+            _MM_PLANS.clear()
+        consts = _gemm_constants(k, m, n, UNIT_ROUNDOFF[torch.float32], GEMM_LAMBDA if lam is None else lam, 0.0,
+                                 torch.float32)
+        plan = _MM_PLANS[key] = (_np(check_weights(n, torch.device("cpu"), torch.float32)), consts,
+                                 _kernels.raw("b_pass"), _kernels.raw("a_pass"), _kernels.raw("mm_exact"))
+    return plan
+
+
 def _compiled_mm(a32: torch.Tensor, b32: torch.Tensor, dtype: torch.dtype, lam: float | None
                  ) -> tuple[torch.Tensor, CheckReport]:
     """:func:`checked_mm` with the compiled CPU kernels: before the product, one pass over B (``B W`` and
     ``|B| e``) and one over A (the reference and the exact row norms); after it, one pass over C and the
     verdict against the exact threshold, in one call, with everything it needs prepared before."""
     (m, k), n = a32.shape, b32.shape[1]
-    wt = _np(check_weights(n, a32.device, torch.float32))
-    vt, r = np.empty((2, k), np.float32), np.empty(k)
-    buf = np.empty((5, m))  # ref (2 rows), got (2), A's row norms (1)
-    ref, got, na = buf[0:2], buf[2:4], buf[4]
-    rnorm = _kernels.mm_encode(a32.detach().numpy(), b32.detach().numpy(), wt, vt, r, ref, na)
+    wt, consts, b_pass, a_pass, mm_exact = _mm_plan(m, k, n, lam)
+    vt, buf = np.empty((2, k), np.float32), np.empty((6, max(m, k)))
+    ref, got, na, r = buf[0:2, :m], buf[2:4, :m], buf[4, :m], buf[5, :k]
+    rnorm = math.sqrt(b_pass(0, k, b32.detach().numpy(), wt, vt, r))
+    a_pass(0, m, a32.detach().numpy(), vt, ref, na)
     acc = torch.empty((m, n), dtype=torch.float32)
-    args = (0, m, acc.numpy(), wt, ref, na, rnorm, *_gemm_constants(k, m, n, UNIT_ROUNDOFF[torch.float32],
-                                                                    GEMM_LAMBDA if lam is None else lam, 0.0,
-                                                                    torch.float32), got)
-    rep = CheckReport("gemm", _dt(dtype), False, 0.0, True, [], [], None, (m, k, n))
-    kernel = _kernels.raw("mm_exact")
     torch.mm(a32, b32, out=acc)
-    worst = float(kernel(*args))
+    worst = mm_exact(0, m, acc.numpy(), wt, ref, na, rnorm, *consts, got)
     out = acc if dtype == torch.float32 else acc.to(dtype)
     if worst <= _CLEAR:  # NaN (something not finite) falls through to the full check
-        rep.max_ratio = worst
-        return out, rep
+        return out, CheckReport("gemm", _dt(dtype), False, float(worst), True, [], [], None, (m, k, n))
     vnorm = np.sqrt(np.square(vt.astype(np.float64)).sum(1))
     enc = GemmEncoding(m, k, n, RowChecks(ref, vnorm, a32, b32, rnorm=rnorm))
     with np.errstate(invalid="ignore"):  # the full check reuses the kernel's checksums
@@ -656,7 +669,7 @@ class _CompiledLinear:
     buffers, report) before the product writes ``y2``; :meth:`verdict` is then one kernel call (see
     _compiled_ok: each Python-level operation here is on the hot path)."""
 
-    def __init__(self, enc: LinearEncoding, x2: torch.Tensor, y2: torch.Tensor, *, dtype: torch.dtype,
+    def __init__(self, enc: LinearEncoding, x2: torch.Tensor, y2: torch.Tensor | None, *, dtype: torch.dtype,
                  lam: float | None, u: float | None, u_out: float, op: str) -> None:
         m, k = x2.shape
         n = enc.w.shape[0]
@@ -666,12 +679,28 @@ class _CompiledLinear:
         self.buf = buf = np.empty((5, m))  # ref (2 rows), got (2), the input's row norms (1)
         consts = _gemm_constants(k + (enc.bias is not None), m, n, UNIT_ROUNDOFF[torch.float32] if u is None else u,
                                  GEMM_LAMBDA if lam is None else lam, u_out, torch.float32)
-        self.args = (0, m, x2.detach().numpy(), vt, vw, y2.detach().numpy(), wt, enc.rnorm, *consts, buf[0:2],
-                     buf[2:4], buf[4])
+        self.args = (0, m, x2.detach().numpy(), vt, vw, None if y2 is None else y2.detach().numpy(), wt, enc.rnorm,
+                     *consts, buf[0:2], buf[2:4], buf[4])
         self.report = CheckReport(op, _dt(dtype), False, 0.0, True, [], [], None, (m, k, n))
 
-    def verdict(self, exact_ratio: bool = False) -> CheckReport:
-        worst = _kernels.raw("linear_exact")(*self.args)
+    def bind(self, y2: torch.Tensor) -> None:
+        """Set the output ``y2`` of a check made with ``y2=None`` (whose :meth:`reference` ran before the
+        product)."""
+        self.y2 = y2
+        a = self.args
+        self.args = (*a[:5], y2.detach().numpy(), *a[6:])
+
+    def reference(self) -> None:
+        """The pass over x alone (the reference and the input's row norms), before the product: measured
+        side by side (n = 1024, this CPU) 0.9% of the Linear cheaper than reading x after it."""
+        a = self.args
+        _kernels.raw("x_pass")(a[0], a[1], a[2], a[3], a[4], a[11], a[13])
+
+    def verdict(self, exact_ratio: bool = False, *, referenced: bool = False) -> CheckReport:
+        """The verdict on y (after :meth:`reference`: the pass over y alone, else over x and y)."""
+        a = self.args
+        worst = _kernels.raw("mm_exact")(a[0], a[1], a[5], a[6], a[11], a[13], *a[7:11], a[12]) if referenced \
+            else _kernels.raw("linear_exact")(*a)
         if not exact_ratio and worst <= _CLEAR:  # NaN (something not finite) falls through to the full check
             self.report.max_ratio = float(worst)
             return self.report
@@ -724,11 +753,12 @@ def checked_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
         # the compiled CPU verdict prepared before the product, which writes into its buffer
         acc = torch.empty((x2.shape[0], enc.w.shape[0]), dtype=torch.float32)
         run = _CompiledLinear(enc, x2, acc, dtype=x.dtype, lam=lam, u=None, u_out=0.0, op="linear")
+        run.reference()
         if enc.bias is not None:
             torch.addmm(enc.bias, x2, enc.w.t(), out=acc)  # what F.linear computes for 2-D input
         else:
             torch.mm(x2, enc.w.t(), out=acc)
-        rep = run.verdict()
+        rep = run.verdict(referenced=True)
     else:
         acc = F.linear(x2, enc.w, enc.bias)
         # the pass over x after the product, not before it as for checked_mm: measured side by side
@@ -784,6 +814,10 @@ class CheckedTable:
     @property
     def dim(self) -> int:
         return self.weight.shape[1]
+
+    def fused(self) -> _FusedTable | None:
+        """The table as the fused compiled lookup reads it (cached while ``weight`` is this tensor)."""
+        return _cached_fused(self, self.weight, self.checks, self.dim)
 
 
 def checked_table(weight: torch.Tensor) -> CheckedTable:
@@ -931,21 +965,166 @@ class _CompiledBags:
         self.bag = bag
         _, tiny, c_lb = bag.constants
         self.buf = np.empty((2, bag.nb))  # per-bag reference and output sums
-        psw = _kernels.NO_WEIGHTS if bag.psw is None else bag.psw.detach().numpy()
-        self.args = (bag.idx.numpy(), bag.off.numpy(), bag.checks.rowsum_view(), psw, bag.mode == "mean", c_lb, tiny,
-                     self.buf[0], self.buf[1])
+        self.psw = _kernels.NO_WEIGHTS if bag.psw is None else bag.psw.detach().numpy()
+        self.idx, self.off, self.rowsum = bag.idx.numpy(), bag.off.numpy(), bag.checks.rowsum_view()
+        self.consts = (c_lb, tiny, self.buf[0], self.buf[1])
         self.report = CheckReport(bag.op, bag.dtype, False, 0.0, True, [], [], None, bag.shape)
-        self.kernel = _kernels.raw("bag_verdict")
 
     def verdict(self, out2: torch.Tensor, exact_ratio: bool = False) -> CheckReport:
         """Verdict on the (bags x D) float32 CPU output of the lookup."""
-        worst = float(self.kernel(0, self.bag.nb, out2.detach().numpy(), *self.args))
+        worst = float(_kernels.raw("bag_verdict")(0, self.bag.nb, out2.detach().numpy(), self.idx, self.off,
+                                                  self.rowsum, self.psw, self.bag.mode == "mean", *self.consts))
+        return self._decide(worst, out2, exact_ratio)
+
+    def _decide(self, worst: float, out2: torch.Tensor, exact_ratio: bool) -> CheckReport:
         if worst == -1.0:  # an index or offset out of range: the torch path reports it
             return _bag_exact(self.bag, out2, exact_ratio)
         if not exact_ratio and worst <= 1.0:  # NaN (something not finite) falls through
             self.report.max_ratio = worst
             return self.report
         return _bag_exact(self.bag, out2, exact_ratio, (self.buf[0], self.buf[1]))
+
+
+
+@dataclass(frozen=True)
+class _FusedTable:
+    """What the fused compiled lookup needs of a table, checked once per table (see :func:`fused_table`)."""
+
+    tensor: torch.Tensor
+    view: np.ndarray
+    rowsum: np.ndarray
+    checks: EmbeddingChecks
+    d: int
+    quantized: bool
+
+
+def fused_table(table: torch.Tensor, checks: EmbeddingChecks, d: int) -> _FusedTable | None:
+    """The :class:`_FusedTable` of a float32 (R x D) or 8-bit row-wise uint8 (R x (D + 8)) CPU table, or
+    None where the fused lookup cannot read it (another device or dtype, not contiguous)."""
+    quantized = table.dtype == torch.uint8
+    if table.device.type != "cpu" or table.dim() != 2 or not table.is_contiguous() or \
+            table.shape[1] != d + (8 if quantized else 0) or table.dtype not in (torch.float32, torch.uint8) or \
+            checks.rowsum.device.type != "cpu" or checks.rowsum.shape[0] != table.shape[0]:
+        return None
+    return _FusedTable(table, table.detach().numpy(), checks.rowsum_view(), checks, d, quantized)
+
+
+def _cached_fused(owner: Any, table: torch.Tensor, checks: EmbeddingChecks, d: int) -> _FusedTable | None:
+    hit = owner.__dict__.get("_fused")
+    if hit is None or hit[0] is not table or hit[1] is not checks:
+        hit = owner.__dict__["_fused"] = (table, checks, fused_table(table, checks, d))
+    return hit[2]
+
+
+_INDEX_DTYPES = (torch.int64, torch.int32)
+
+
+class _FusedCall:
+    """One EmbeddingBag call by the fused compiled lookup (``bag_lookup`` of :mod:`._compiled`): the
+    lookup itself, bitwise torch's, with each bag's reference (the row sums gathered with the same
+    indices) summed in the same pass and, with ``check``, the output's sums and the verdict.
+
+    :meth:`of` returns None where torch's lookup must run instead: autograd recording, indices that are
+    not a 1-D CPU int32/int64 tensor with offsets of the same dtype, per-sample weights with mean
+    pooling (torch refuses them) or not float32, a TorchDispatchMode active (a fault simulated on torch's
+    operators must reach the lookup), or where this torch build's kernels were found to round
+    differently (:func:`_fused_lookups_agree`). Every operation here is on the hot path of a ~1 ms lookup.
+    """
+
+    __slots__ = ("ft", "idx", "off", "mode", "psw", "extra", "lam", "op", "dtype", "shape", "nb", "consts", "buf")
+
+    @classmethod
+    def of(cls, ft: _FusedTable | None, idx: torch.Tensor, off: torch.Tensor, mode: str, psw: torch.Tensor | None,
+           extra: float, lam: float | None, op: str, dtype: str, shape: tuple[int, ...]) -> _FusedCall | None:
+        if ft is None or torch._C._len_torch_dispatch_stack() or idx.dtype not in _INDEX_DTYPES or \
+                off.dtype != idx.dtype or idx.dim() != 1 or off.dim() != 1 or not idx.is_cpu or not off.is_cpu or \
+                not off.shape[0] or mode not in ("sum", "mean") or not _kernels.available():
+            return None
+        if psw is not None and (mode != "sum" or psw.dtype != torch.float32 or psw.shape != idx.shape or
+                                not psw.is_cpu):
+            return None
+        if torch.is_grad_enabled() and (ft.tensor.requires_grad or (psw is not None and psw.requires_grad)):
+            return None
+        if not _fused_lookups_agree(ft.quantized, psw is not None):
+            return None
+        call = cls()
+        call.ft, call.idx, call.off, call.mode, call.psw = ft, idx, off, mode, psw
+        call.extra, call.lam, call.op, call.dtype, call.shape = extra, lam, op, dtype, shape
+        call.nb = off.shape[0]
+        return call
+
+    def run(self, lookup: Callable[[], torch.Tensor], check: bool = True) -> tuple[torch.Tensor, CheckReport | None]:
+        """``(out, report)``; without ``check`` the report is None and :meth:`verdict` checks ``out`` later
+        (as it is then). Where an index or offset is out of range the kernel stops and ``lookup()`` (torch's,
+        which raises or pools as torch does) runs instead, with the exact verdict (at once, also without
+        ``check``)."""
+        ft, nb = self.ft, self.nb
+        _, tiny, c_lb = _bag_constants(self.idx.shape[0], ft.d, self.extra, 0.0, self.lam)
+        self.buf = buf = np.empty((2, nb))  # per-bag reference and output sums
+        self.consts = (c_lb, tiny)
+        out = torch.empty((nb, ft.d), dtype=torch.float32)
+        flag = np.zeros(1, np.int64)
+        worst = _kernels.raw("bag_lookup")(0, nb, ft.view, self.idx.numpy(), self.off.numpy(), out.numpy(), ft.rowsum,
+                                           None if self.psw is None else self.psw.detach().numpy(),
+                                           self.mode == "mean", check, c_lb, tiny, buf[0], buf[1], flag)
+        if worst == -1.0:
+            out = lookup()
+            return out, _bag_exact(self._bag(), out.reshape(-1, ft.d).float(), False)
+        return out, self._decide(float(worst), out) if check else None
+
+    def verdict(self, out2: torch.Tensor) -> CheckReport:
+        """Verdict on the (bags x D) float32 output of :meth:`run` without ``check``, as it is now (a flip
+        since the lookup is seen), against the references the kernel wrote."""
+        worst = _kernels.raw("bag_out_verdict")(0, self.nb, out2.detach().numpy(), self.buf[0], *self.consts,
+                                                self.buf[1])
+        return self._decide(float(worst), out2)
+
+    def _bag(self) -> _Bags:
+        return _Bags(self.ft.checks, self.idx, self.off, self.mode, self.psw, self.nb, self.ft.d, self.extra, 0.0,
+                     self.lam, self.op, self.dtype, self.shape)
+
+    def _decide(self, worst: float, out2: torch.Tensor) -> CheckReport:
+        if worst <= 1.0:  # NaN (something not finite) falls through
+            return CheckReport(self.op, self.dtype, False, worst, True, [], [], None, self.shape)
+        return _bag_exact(self._bag(), out2, False, (self.buf[0], self.buf[1]))
+
+
+_AGREE: dict[tuple[bool, bool], bool] = {}
+
+
+def _fused_lookups_agree(quantized: bool, weighted: bool) -> bool:
+    """Whether the fused kernel (8-bit or fp32 table, with or without per-sample weights) pools bitwise as this torch build's CPU EmbeddingBag does (sum
+    and mean, ragged and empty bags, chunks of 128, 64, 16 and single columns), checked once per process:
+    the fused path replaces torch's lookup only where it returns the very same output."""
+    hit = _AGREE.get((quantized, weighted))
+    if hit is not None:
+        return hit
+    g = torch.Generator().manual_seed(0x5EED)
+    ok = True
+    kernel = _kernels._kernels()["bag_lookup"]  # (not raw(): this once-per-process check is no hot path)
+    with torch.no_grad():
+        for d in (211, 7):
+            rows, lengths = 50, torch.tensor([3, 0, 17, 1, 9])
+            off = torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)[:-1]])
+            idx = torch.randint(0, rows, (int(lengths.sum()),), generator=g)
+            w = torch.randn(rows, d, generator=g) * torch.logspace(-3, 3, rows)[:, None]
+            psw = torch.randn(idx.shape[0], generator=g) if weighted else None
+            for mode in ("sum",) if psw is not None else ("sum", "mean"):
+                if quantized:
+                    table = QuantizedTable.from_float(w)
+                    want = quantized_embedding_bag(table, idx, off, mode) if psw is None else \
+                        torch.ops.quantized.embedding_bag_byte_rowwise_offsets(table.packed, idx, off, False, 0, False,
+                                                                               psw, None, False)
+                    t, checks = table.packed, table.checks
+                else:
+                    t, checks = w, EmbeddingChecks.of(w)
+                    want = F.embedding_bag(idx, w, off, mode=mode, per_sample_weights=psw)
+                out, buf, flag = np.empty((5, d), np.float32), np.empty((2, 5)), np.zeros(1, np.int64)
+                kernel(0, 5, t.numpy(), idx.numpy(), off.numpy(), out, checks.rowsum_view(),
+                       None if psw is None else psw.numpy(), mode == "mean", False, 1.0, 1.0, buf[0], buf[1], flag)
+                ok &= torch.equal(torch.from_numpy(out), want) and not flag[0]
+    _AGREE[(quantized, weighted)] = ok
+    return ok
 
 
 def _bag_exact(bag: _Bags, out2: torch.Tensor, exact_ratio: bool,
@@ -997,16 +1176,26 @@ def checked_embedding_bag(table: CheckedTable, indices: torch.Tensor, offsets: t
     """EmbeddingBag (sum or mean) over a :func:`checked_table`; returns ``(out, report)``.
 
     Costs, beside the lookup, a gather of the R x 1 row sums with the same indices and one pass over
-    the (bags x D) output (see :func:`verify_bag_output`); on the CPU both are one compiled call,
-    prepared before the lookup.
+    the (bags x D) output (see :func:`verify_bag_output`). On the CPU, without autograd, the lookup
+    itself is a compiled kernel that returns torch's output bitwise and gathers the row sums and checks
+    the bags in the same pass (:class:`_FusedCall`); otherwise torch's lookup runs, followed on the CPU
+    by one compiled call prepared before it.
     """
     if mode not in ("sum", "mean"):
         raise UsageError(f"checked_embedding_bag supports sum and mean pooling, got {mode!r}")
     idx, off = _bags_args(indices, offsets)
-    bag = _Bags(table.checks, idx, off, mode, per_sample_weights, off.shape[0], table.dim, 4.0, 0.0, lam,
-                f"embedding_bag_{mode}", "float32", (table.weight.shape[0], table.dim, off.shape[0]))
-    return _checked_lookup(bag, exact_ratio, lambda: F.embedding_bag(idx, table.weight, off, mode=mode,
-                                                                     per_sample_weights=per_sample_weights))
+    op, shape = f"embedding_bag_{mode}", (table.weight.shape[0], table.dim, off.shape[0])
+
+    def lookup() -> torch.Tensor:
+        return F.embedding_bag(idx, table.weight, off, mode=mode, per_sample_weights=per_sample_weights)
+
+    call = None if exact_ratio else _FusedCall.of(table.fused(), idx, off, mode, per_sample_weights, 4.0, lam, op,
+                                                  "float32", shape)
+    if call is not None:
+        return call.run(lookup)
+    bag = _Bags(table.checks, idx, off, mode, per_sample_weights, off.shape[0], table.dim, 4.0, 0.0, lam, op,
+                "float32", shape)
+    return _checked_lookup(bag, exact_ratio, lookup)
 
 
 def _checked_lookup(bag: _Bags, exact_ratio: bool, lookup: Callable[[], torch.Tensor]
@@ -1053,6 +1242,10 @@ class QuantizedTable:
         scale, bias = sb[:, 0:1], sb[:, 1:2]
         return EmbeddingChecks.from_rows((q * scale + bias).sum(1), (q * scale.abs() + bias.abs()).sum(1))
 
+    def fused(self) -> _FusedTable | None:
+        """The packed table as the fused compiled lookup reads it (cached while ``packed`` is this tensor)."""
+        return _cached_fused(self, self.packed, self.checks, self.dim)
+
     def dequantize(self) -> torch.Tensor:
         d = self.dim
         q = self.packed[:, :d].to(torch.float32)
@@ -1091,8 +1284,11 @@ def checked_quantized_embedding_bag(table: QuantizedTable, indices: torch.Tensor
     if mode not in ("sum", "mean"):
         raise UsageError(f"checked_quantized_embedding_bag supports sum and mean pooling, got {mode!r}")
     idx, off = _bags_args(indices, offsets)
-    bag = _Bags(table.checks, idx, off, mode, None, off.shape[0], table.dim, 6.0, 0.0, lam,
-                f"embedding_bag_8bit_{mode}", "uint8", (table.packed.shape[0], table.dim, off.shape[0]))
+    op, shape = f"embedding_bag_8bit_{mode}", (table.packed.shape[0], table.dim, off.shape[0])
+    call = None if exact_ratio else _FusedCall.of(table.fused(), idx, off, mode, None, 6.0, lam, op, "uint8", shape)
+    if call is not None:
+        return call.run(lambda: quantized_embedding_bag(table, idx, off, mode))
+    bag = _Bags(table.checks, idx, off, mode, None, off.shape[0], table.dim, 6.0, 0.0, lam, op, "uint8", shape)
     return _checked_lookup(bag, exact_ratio, lambda: quantized_embedding_bag(table, idx, off, mode))
 
 

@@ -287,12 +287,14 @@ class EmbeddingFunctions:
 
 EMBEDDING_COMPARISONS = (
     ("embedding_bag", "checked_embedding_bag", "embedding_bag", "float32",
-     "checked_embedding_bag (lookup + one pass gathering the R x 1 row sums and checking each bag) vs "
-     "F.embedding_bag"),
+     "checked_embedding_bag (the compiled lookup, bitwise torch's, gathering the R x 1 row sums and checking "
+     "each bag in the same pass) vs F.embedding_bag"),
     ("embedding_bag_8bit", "checked_embedding_bag_8bit", "embedding_bag_8bit", "uint8",
-     "8-bit row-wise fused kernel + the row-sum gather and check vs the fused kernel alone"),
+     "checked 8-bit row-wise lookup (compiled, bitwise fbgemm's, row-sum gather and check in the same pass) vs "
+     "torch's fused 8-bit kernel"),
     ("protect_embedding_bag", "protected_embedding_bag_module", "embedding_bag_module", "float32",
-     "nn.EmbeddingBag under protect() (pre-hook prepares, hook gathers the row sums and checks) vs plain"),
+     "nn.EmbeddingBag under protect() (its forward the compiled lookup with the row-sum gather; the hook checks "
+     "the output) vs plain"),
 )
 EMBEDDING_FLOORS = (
     ("embedding_bag_gather_floor", "embedding_bag_bare_gather", "embedding_bag",

@@ -3,12 +3,16 @@
 ``with protect(model) as guard: model(batch)`` installs forward hooks that verify each output
 against checksums computed from the inputs and cached weight checksums (recomputed when a weight
 changes, e.g. after an optimizer step); ``guard.alarms`` lists the detections and ``guard.checks``
-counts the verified calls. The hooks never change an output.
+counts the verified calls. Outputs are never changed: on the CPU an EmbeddingBag's ``forward`` is
+replaced, while protected, by a fused lookup that computes torch's output bitwise (checked once per
+process against torch, see :func:`.abft._fused_lookups_agree`) and the checksum reference with it.
 
 Cost per call (the weight side is cached): a Linear, one pass over its input and one over its
-output (:func:`.abft.verify_linear`); an Embedding or EmbeddingBag, a gather of the R x 1 row sums
+output (:func:`.abft.verify_linear`; on the CPU the pass over the input in a forward pre-hook, before
+the product); an Embedding or EmbeddingBag, a gather of the R x 1 row sums
 with the same indices plus one pass over the output (:func:`.abft.verify_bag_output`; on the CPU
-prepared by a forward pre-hook, so that the hook after the lookup is one compiled call).
+prepared by a forward pre-hook, so that the hook after the lookup is one compiled call, and for an
+EmbeddingBag without autograd the gather is fused into the lookup itself).
 
 Linear layers are verified at the precision of their output: fp32 layers with the fp32 GEMM bound;
 bf16/fp16 layers (whose fp32 accumulator is gone once the hook sees the output) with the output's
@@ -87,17 +91,49 @@ def _key(*ts: torch.Tensor | None) -> tuple[Any, ...]:
     return tuple((t.data_ptr(), t._version, t.dtype, t.device) if t is not None else None for t in ts)
 
 
-def _linear_hook(guard: Guard, name: str, lam: float | None, exact: bool):
+def _linear_hooks(guard: Guard, name: str, lam: float | None, exact: bool):
+    """A forward pre-hook and a forward hook checking a Linear.
+
+    On the CPU, for float32 input and output, the pre-hook makes the pass over the input (the
+    reference checksums and the input's row norms, :meth:`.abft._CompiledLinear.reference`) before the
+    product, and the hook the pass over the output and the verdict: one compiled call on each side of
+    the GEMM (reading x before it measured ~1% of an n = 1024 Linear cheaper than after it). Otherwise
+    the hook runs :func:`.abft.verify_linear`.
+    """
     cache = _WeightCache()
+    state: dict[str, Any] = {}
+
+    def encoding(mod: nn.Linear) -> abft.LinearEncoding:
+        w, bias = mod.weight, mod.bias
+        return cache.get(_key(w, bias), lambda: abft.encode_linear(w, bias))
+
+    def pre(mod: nn.Linear, inputs: tuple[Any, ...]) -> None:
+        state.clear()
+        x = inputs[0] if inputs else None
+        if exact or not isinstance(x, torch.Tensor) or x.dtype != torch.float32 or not x.is_cpu or \
+                mod.weight.dtype != torch.float32 or not x.numel() or not _kernels.available():
+            return
+        with torch.no_grad():
+            x2 = x.detach().reshape(-1, x.shape[-1])
+            run = abft._CompiledLinear(encoding(mod), x2, None, dtype=torch.float32, lam=lam,
+                                       u=abft.UNIT_ROUNDOFF[torch.float32], u_out=0.0, op="linear")
+            run.reference()
+            state["run"] = (x, mod.weight._version, mod.bias._version if mod.bias is not None else None, run)
 
     def hook(mod: nn.Linear, inputs: tuple[Any, ...], output: torch.Tensor) -> None:
-        x = inputs[0]
+        prepared = state.pop("run", None)
+        x = inputs[0] if inputs else None
         if not isinstance(x, torch.Tensor) or not isinstance(output, torch.Tensor) or not x.is_floating_point():
             return
         with torch.no_grad():
-            w = mod.weight
-            bias = mod.bias
-            enc = cache.get(_key(w, bias), lambda: abft.encode_linear(w, bias))
+            if prepared is not None and prepared[0] is x and prepared[1] == mod.weight._version and \
+                    prepared[2] == (mod.bias._version if mod.bias is not None else None) and \
+                    output.dtype == torch.float32 and output.is_cpu:
+                run = prepared[3]
+                run.bind(output.detach().reshape(-1, output.shape[-1]))
+                guard.record(name, "linear", run.verdict(referenced=True))
+                return
+            enc = encoding(mod)
             x2 = x.detach().reshape(-1, x.shape[-1])
             y2 = output.detach().reshape(-1, output.shape[-1])
             x2 = x2 if x2.dtype == torch.float32 else x2.float()
@@ -107,7 +143,15 @@ def _linear_hook(guard: Guard, name: str, lam: float | None, exact: bool):
                                      u_out=u_out, op="linear", exact_ratio=exact)
             guard.record(name, "linear", rep)
 
-    return hook
+    return pre, hook
+
+
+def _call_args(mod: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], bag: bool) -> tuple[Any, ...]:
+    """The positional ``(input, offsets, per_sample_weights)`` (EmbeddingBag) or ``(input,)`` of a call
+    made with positional or keyword arguments."""
+    names = ("input", "offsets", "per_sample_weights") if bag else ("input",)
+    vals = list(args[:len(names)]) + [kwargs.get(k) for k in names[len(args):]]
+    return tuple(vals)
 
 
 def _lookup_args(mod: nn.Module, inputs: tuple[Any, ...], bag: bool
@@ -124,57 +168,117 @@ def _lookup_args(mod: nn.Module, inputs: tuple[Any, ...], bag: bool
     return indices, offsets, psw, getattr(mod, "mode", "sum") if bag else "none"
 
 
-def _embedding_hooks(guard: Guard, name: str, lam: float | None, bag: bool, exact: bool):
-    """A forward pre-hook and a forward hook checking an Embedding/EmbeddingBag.
+class _ForwardHandle:
+    """Restores a module's own ``forward`` (see :func:`_embedding_hooks`)."""
 
-    On the CPU, with the compiled verdict, the pre-hook prepares it from the indices before the lookup
-    (:class:`.abft._CompiledBags`), so that the hook after it is one kernel call (the Python work after a
-    ~1 ms lookup costs more than the check's own memory traffic otherwise); elsewhere the hook runs
-    :func:`.abft.verify_bag_output`.
+    def __init__(self, mod: nn.Module, forward: Any) -> None:
+        self.mod, self.forward = mod, forward
+        self.had = "forward" in mod.__dict__
+        self.saved = mod.__dict__.get("forward")
+        mod.forward = forward
+
+    def remove(self) -> None:
+        if self.mod.__dict__.get("forward") is self.forward:
+            if self.had:
+                self.mod.forward = self.saved
+            else:
+                del self.mod.forward
+
+
+def _embedding_hooks(guard: Guard, name: str, lam: float | None, bag: bool, exact: bool):
+    """A forward pre-hook, a forward hook and (EmbeddingBag) a ``forward`` checking an Embedding/EmbeddingBag.
+
+    On the CPU, with the compiled kernels, the pre-hook prepares the check from the indices before the
+    lookup. Where the fused lookup applies (:class:`.abft._FusedCall`: a float32 table, no autograd,
+    no max_norm, no include_last_offset) the module's ``forward`` runs it: the lookup itself, bitwise
+    torch's, with each bag's reference summed in the same pass; the hook then checks the output as it
+    is when the hook sees it (one compiled pass over the bags x D output). Otherwise torch's lookup runs
+    and the hook makes the prepared compiled verdict (gather of the row sums and the check in one call;
+    the Python work after a ~1 ms lookup costs more than the check's own memory traffic otherwise), or
+    elsewhere :func:`.abft.verify_bag_output`.
     """
-    cache = _WeightCache()
+    cache, fused = _WeightCache(), _WeightCache()
     kind = "embedding_bag" if bag else "embedding"
     state: dict[str, Any] = {}
 
     def checks_of(w: torch.Tensor) -> abft.EmbeddingChecks:
         return cache.get(_key(w), lambda: abft.EmbeddingChecks.of(w))
 
-    def pre(mod: nn.Module, inputs: tuple[Any, ...]) -> None:
+    def pre(mod: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         state.clear()
         w = mod.weight
         if exact or not bag or w.device.type != "cpu" or not w.is_floating_point() or not _kernels.available():
             return
-        args = _lookup_args(mod, inputs, bag)
-        if args is None or not isinstance(args[0], torch.Tensor) or args[3] not in ("sum", "mean"):
+        inputs = _call_args(mod, args, kwargs, bag)
+        largs = _lookup_args(mod, inputs, bag)
+        if largs is None or not isinstance(largs[0], torch.Tensor) or largs[3] not in ("sum", "mean") or \
+                (largs[0].dim() != 2 and largs[1] is None):  # (torch reports the missing offsets)
             return
         with torch.no_grad():
-            idx, off = abft._bags_args(args[0], args[1])
+            idx, off = abft._bags_args(largs[0], largs[1])
             nb, d = off.shape[0], w.shape[1]
+            call = None
+            if w.dtype == torch.float32 and getattr(mod, "max_norm", None) is None and \
+                    not getattr(mod, "include_last_offset", False):
+                ft = fused.get(_key(w), lambda: abft.fused_table(w, checks_of(w), d))
+                call = abft._FusedCall.of(ft, idx, off, largs[3], largs[2], 4.0, lam, kind, "float32", (nb, d))
+            if call is not None:
+                state["call"] = (inputs[0], w._version, call)
+                return
             u_out = abft.UNIT_ROUNDOFF[w.dtype] if w.dtype != torch.float32 else 0.0
             state["run"] = (inputs[0], w._version, abft._CompiledBags(abft._Bags(
-                checks_of(w), idx, off, args[3], args[2], nb, d, 4.0, u_out, lam, kind, abft._dt(w.dtype), (nb, d))))
+                checks_of(w), idx, off, largs[3], largs[2], nb, d, 4.0, u_out, lam, kind, abft._dt(w.dtype), (nb, d))))
 
-    def hook(mod: nn.Module, inputs: tuple[Any, ...], output: torch.Tensor) -> None:
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        prepared = state.pop("call", None)
+        if prepared is not None and prepared[0] is (args[0] if args else kwargs.get("input")) \
+                and prepared[1] == handle.mod.weight._version:
+            out, rep = prepared[2].run(lambda: own(*args, **kwargs), check=False)
+            state["fused"] = prepared[2] if rep is None else rep
+            return out
+        return own(*args, **kwargs)
+
+    def hook(mod: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: torch.Tensor) -> None:
         prepared = state.pop("run", None)
+        fused_call = state.pop("fused", None)
         if not isinstance(output, torch.Tensor) or not output.is_floating_point():
             return
+        inputs = _call_args(mod, args, kwargs, bag)
         with torch.no_grad():
             w = mod.weight
+            if fused_call is not None:  # the fused lookup ran: its references against the output as it is now
+                out2 = output.detach()
+                rep = fused_call if isinstance(fused_call, abft.CheckReport) else fused_call.verdict(out2)
+                guard.record(name, kind, rep)
+                return
             if prepared is not None and prepared[0] is inputs[0] and prepared[1] == w._version \
                     and output.dim() == 2 and output.device.type == "cpu":
                 out2 = output.detach()
                 guard.record(name, kind, prepared[2].verdict(out2 if out2.dtype == torch.float32 else out2.float()))
                 return
-            args = _lookup_args(mod, inputs, bag)
-            if args is None:
+            largs = _lookup_args(mod, inputs, bag)
+            if largs is None:
                 guard.unchecked += 1
                 return
             u_out = abft.UNIT_ROUNDOFF[output.dtype] if output.dtype != torch.float32 else 0.0
-            rep = abft.verify_bag_output(output.detach(), checks_of(w), *args[:2], args[3], args[2], lam=lam,
+            rep = abft.verify_bag_output(output.detach(), checks_of(w), *largs[:2], largs[3], largs[2], lam=lam,
                                          u_out=u_out, op=kind, exact_ratio=exact)
             guard.record(name, kind, rep)
 
-    return pre, hook
+    handle: Any = None
+    own: Any = None
+
+    def install(mod: nn.Module) -> list[Any]:
+        nonlocal handle, own
+        handles = [mod.register_forward_pre_hook(pre, with_kwargs=True),
+                   mod.register_forward_hook(hook, with_kwargs=True)]
+        if bag:
+            own = mod.forward
+            handle = _ForwardHandle(mod, forward)
+            handles.append(handle)
+        return handles
+
+    return install
 
 
 def protect(model: nn.Module, *, lam: float | None = None, linear: bool = True, embeddings: bool = True,
@@ -188,9 +292,10 @@ def protect(model: nn.Module, *, lam: float | None = None, linear: bool = True, 
     guard = Guard()
     for name, mod in model.named_modules():
         if linear and isinstance(mod, nn.Linear):
-            guard.handles.append(mod.register_forward_hook(_linear_hook(guard, name, lam, exact_ratios)))
-        elif embeddings and isinstance(mod, (nn.EmbeddingBag, nn.Embedding)):
-            pre, hook = _embedding_hooks(guard, name, lam, isinstance(mod, nn.EmbeddingBag), exact_ratios)
+            pre, hook = _linear_hooks(guard, name, lam, exact_ratios)
             guard.handles.append(mod.register_forward_pre_hook(pre))
             guard.handles.append(mod.register_forward_hook(hook))
+        elif embeddings and isinstance(mod, (nn.EmbeddingBag, nn.Embedding)):
+            install = _embedding_hooks(guard, name, lam, isinstance(mod, nn.EmbeddingBag), exact_ratios)
+            guard.handles.extend(install(mod))
     return guard
