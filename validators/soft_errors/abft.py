@@ -68,11 +68,15 @@ threshold is the classic gamma bound ``lam u (L_b + D + c) sum_{l in bag} sum_d 
 magnitude term needs a second gather, so the verdict is first taken with a lower bound of it read
 from the output itself, ``||out_b||_2 <= sum_d |out_bd|`` (triangle inequality), and the magnitudes
 and bag lengths are gathered only for calls where a bag fails that (see :func:`verify_bag_output`).
-On the CPU the gather of the row sums, the per-bag sums of the output, its norms and that verdict
-are one compiled pass (:mod:`._kernels`) prepared before the lookup. The cost is one more random
-4-byte read per index: on this host that read alone is +8-15% of a 100000 x 64 fp32 lookup (the
-``gather_floor`` row of the overhead group), so no checker that does not fuse into the lookup kernel
-gets under it. Two layouts that look cheaper were measured
+On the CPU, without autograd, the lookup itself is a compiled kernel (:class:`_FusedCall`, ``bag_lookup``
+of :mod:`._compiled`): it returns torch's output bitwise (checked against this torch build once per
+process) and gathers the row sums, sums each bag's output and takes the verdict, with the output's
+1-norm, in the same pass, the accumulators in registers. Its lookup alone is as fast as torch's
+(fbgemm's) here; the row-sum gather still costs one more cache line per index: +8-12% of a 100000 x 64
+fp32 lookup and ~+20% of an 8-bit one measured in the kernel, +6% with a 128 KB row-sum table and +3%
+with a 16 KB one (the footprint, not the arithmetic, is the cost). Elsewhere, or with autograd, torch's
+lookup runs and the gather, sums and verdict follow in one compiled pass (``bag_verdict``) or in a
+few device operations. Two layouts that look cheaper were measured
 slower or blind on this CPU: checksum columns appended to the fp32 rows (``[W | W1 | |W|1]``, one
 gather) touch one more cache line per row when D is a multiple of 16 (+25% traffic at D = 64), and
 checksum codes appended to an 8-bit row are dequantized with the row's own scale and bias, so a

@@ -270,11 +270,14 @@ def embedding_trial(op: str, site: str, bit_class: str, pattern: str, seed: int,
                 orig, new = flip_bits_(packed, row * packed.shape[1] + col, bits)
                 index = row * packed.shape[1] + col
             faulty = abft.QuantizedTable(packed, table.checks, d)
-            out = abft.quantized_embedding_bag(faulty, idx, offsets, mode)
+            call = abft._FusedCall.of(faulty.fused(), idx, offsets, mode, None, 6.0, None, op, "uint8", (rows, d, bags))
+            out, rep = _checked_bag(call, site, lambda: abft.quantized_embedding_bag(faulty, idx, offsets, mode))
             if site == "bag_output":
                 rec = flip_tensor(out, seed=seed, site=site, name=op, bit_class=bit_class, pattern=pattern, k=k_bits)
                 bits, index, orig, new = rec.bits, rec.index, rec.original, rec.corrupted
-            rep = abft.verify_bag_output(out, table.checks, idx, offsets, mode, extra=6.0, op=op, dtype="uint8")
+            if rep is None:
+                rep = call.verdict(out) if call is not None else \
+                    abft.verify_bag_output(out, table.checks, idx, offsets, mode, extra=6.0, op=op, dtype="uint8")
         else:
             faulty = table.weight.clone()
             if site == "embedding_row":
@@ -282,17 +285,32 @@ def embedding_trial(op: str, site: str, bit_class: str, pattern: str, seed: int,
                 bits = choose_bits(torch.float32, bit_class, pattern, k_bits, rng)
                 index = row * faulty.shape[1] + col
                 orig, new = flip_bits_(faulty, index, bits)
-            out = F.embedding_bag(idx, faulty, offsets, mode=mode)
+            call = abft._FusedCall.of(abft.fused_table(faulty, table.checks, d), idx, offsets, mode, None, 4.0, None,
+                                      op, "float32", (rows, d, bags))
+            out, rep = _checked_bag(call, site, lambda: F.embedding_bag(idx, faulty, offsets, mode=mode))
             if site == "bag_output":
                 rec = flip_tensor(out, seed=seed, site=site, name=op, bit_class=bit_class, pattern=pattern, k=k_bits)
                 bits, index, orig, new = rec.bits, rec.index, rec.original, rec.corrupted
-            rep = abft.verify_bag_output(out, table.checks, idx, offsets, mode, op=op)
+            if rep is None:
+                rep = call.verdict(out) if call is not None else \
+                    abft.verify_bag_output(out, table.checks, idx, offsets, mode, op=op)
     delta = _delta(clean, out)
     tol = SIGNIFICANCE * _rms(clean)
     return {"op": op, "site": site, "bit_class": bit_class, "pattern": pattern, "seed": seed,
             "shape": [rows, d, bags], "dist": dist, "bits": bits, "index": index, "original": float(orig),
             "corrupted": float(new), "delta": delta, "tol": tol, "significant": bool(delta > tol),
             "detected": bool(rep.alarm), "ratio": rep.max_ratio}
+
+
+def _checked_bag(call: Any, site: str, lookup: Callable[[], torch.Tensor]
+                 ) -> tuple[torch.Tensor, abft.CheckReport | None]:
+    """The lookup of a detection trial as the product checks it: on the CPU the fused compiled lookup
+    (``call``), with its own verdict for a table flip (as ``checked_embedding_bag``) and, for an output
+    flip (injected after it), without, the output being checked after the flip (as ``protect``'s hook);
+    elsewhere torch's lookup. Returns ``(out, report or None: check the output later)``."""
+    if call is None:
+        return lookup(), None
+    return call.run(lookup, check=site != "bag_output")
 
 
 def detection_trial_fn(combos: list[tuple[str, str, str, str]], seed: int, device: str,
