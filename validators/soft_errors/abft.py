@@ -373,7 +373,7 @@ def _compiled_rows(rc: RowChecks) -> bool:
         _kernels.available()
 
 
-def _compiled_ok(*ts: torch.Tensor) -> bool:
+def _compiled_ok(*ts: torch.Tensor) -> bool:  # (two operands)
     """Whether a checked product of these operands can take the compiled CPU verdict with its arguments
     prepared before the product.
 
@@ -382,13 +382,17 @@ def _compiled_ok(*ts: torch.Tensor) -> bool:
     buffer, its NumPy view, the constants and the report are made before the product (written with
     ``out=``) and only the one kernel call is left after it. Not with autograd (``out=`` does not take it).
     """
-    return _compiled_cpu(*ts) and not (torch.is_grad_enabled() and any(t.requires_grad for t in ts))
+    a, b = ts
+    return _compiled_cpu(a, b) and not (torch.is_grad_enabled() and (a.requires_grad or b.requires_grad))
 
 
-def _compiled_cpu(*ts: torch.Tensor) -> bool:
-    """Whether the compiled CPU kernels can check these float32 tensors (read through detached views)."""
-    return CHECK_VECTORS == 2 and all(t.device.type == "cpu" and t.dtype == torch.float32 for t in ts) and \
-        _kernels.available()
+def _compiled_cpu(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether the compiled CPU kernels can check these two float32 tensors (read through detached views).
+
+    (Attribute tests only: right after a large product each Python-level operation costs microseconds,
+    a generator over ``t.device.type`` some 10-30 us.)"""
+    return a.is_cpu and b.is_cpu and a.dtype is torch.float32 and b.dtype is torch.float32 and \
+        CHECK_VECTORS == 2 and _kernels.available()
 
 
 def _np(t: torch.Tensor | np.ndarray) -> np.ndarray:
@@ -581,6 +585,9 @@ def checked_mm(a: torch.Tensor, b: torch.Tensor, *, checks: str = "row", lam: fl
     dtype (``check_rounded=True`` checks the rounded output instead; weaker, for comparison).
     int8: int32 result, exact row and column checks.
     """
+    if checks == "row" and not exact_ratio and not check_rounded and a.dim() == 2 and b.dim() == 2 and \
+            a.shape[1] == b.shape[0] and a.shape[0] and _compiled_ok(a, b):  # (fp32 on the CPU: the hot path first)
+        return _compiled_mm(a, b, a.dtype, lam)
     _check_2d(a, b)
     if a.dtype != b.dtype:
         raise UsageError(f"checked_mm needs one dtype, got {a.dtype} and {b.dtype}")
@@ -632,6 +639,21 @@ class LinearEncoding:
         wt = check_weights(self.w.shape[0], self.w.device, torch.float32)
         return (_np(self.vt), _np(self.vw) if self.vw is not None else np.zeros(0, np.float32), _np(wt))
 
+    def plan(self, m: int, lam: float | None, u: float | None, u_out: float) -> tuple[Any, ...]:
+        """``(*views, threshold constants)`` of a compiled check of ``m`` input rows (cached: the call is on
+        the hot path of every checked Linear)."""
+        plans = self.__dict__.setdefault("_plans", {})
+        key = (m, lam, u, u_out)
+        hit = plans.get(key)
+        if hit is None:
+            k, n = self.w.shape[1], self.w.shape[0]
+            if len(plans) >= _MAX_CACHED:
+                plans.clear()
+            hit = plans[key] = (*self.views, _gemm_constants(k + (self.bias is not None), m, n,
+                                                             UNIT_ROUNDOFF[torch.float32] if u is None else u,
+                                                             GEMM_LAMBDA if lam is None else lam, u_out, torch.float32))
+        return hit
+
 
 def encode_linear(weight: torch.Tensor, bias: torch.Tensor | None = None) -> LinearEncoding:
     """Encode a Linear layer's weight (N x K) and bias (N,) for :func:`verify_linear`."""
@@ -675,17 +697,13 @@ class _CompiledLinear:
 
     def __init__(self, enc: LinearEncoding, x2: torch.Tensor, y2: torch.Tensor | None, *, dtype: torch.dtype,
                  lam: float | None, u: float | None, u_out: float, op: str) -> None:
-        m, k = x2.shape
-        n = enc.w.shape[0]
-        vt, vw, wt = enc.views
+        m = x2.shape[0]
         self.enc, self.x2, self.y2 = enc, x2, y2
-        self.opts = {"dtype": dtype, "lam": lam, "u": u, "u_out": u_out, "op": op}
+        self.opts = (dtype, lam, u, u_out, op)
         self.buf = buf = np.empty((5, m))  # ref (2 rows), got (2), the input's row norms (1)
-        consts = _gemm_constants(k + (enc.bias is not None), m, n, UNIT_ROUNDOFF[torch.float32] if u is None else u,
-                                 GEMM_LAMBDA if lam is None else lam, u_out, torch.float32)
+        vt, vw, wt, consts = enc.plan(m, lam, u, u_out)
         self.args = (0, m, x2.detach().numpy(), vt, vw, None if y2 is None else y2.detach().numpy(), wt, enc.rnorm,
                      *consts, buf[0:2], buf[2:4], buf[4])
-        self.report = CheckReport(op, _dt(dtype), False, 0.0, True, [], [], None, (m, k, n))
 
     def bind(self, y2: torch.Tensor) -> None:
         """Set the output ``y2`` of a check made with ``y2=None`` (whose :meth:`reference` ran before the
@@ -705,15 +723,18 @@ class _CompiledLinear:
         a = self.args
         worst = _kernels.raw("mm_exact")(a[0], a[1], a[5], a[6], a[11], a[13], *a[7:11], a[12]) if referenced \
             else _kernels.raw("linear_exact")(*a)
+        enc, x2 = self.enc, self.x2
+        dtype, lam, u, u_out, op = self.opts
         if not exact_ratio and worst <= _CLEAR:  # NaN (something not finite) falls through to the full check
-            self.report.max_ratio = float(worst)
-            return self.report
-        enc, x2, ref = self.enc, self.x2, self.buf[0:2]
+            return CheckReport(op, _dt(dtype), False, float(worst), True, [], [], None,
+                               (x2.shape[0], x2.shape[1], enc.w.shape[0]))
+        ref = self.buf[0:2]
         with np.errstate(invalid="ignore"):  # the full check reuses the kernel's checksums
             diff = np.abs(self.buf[2:4] - ref).max(0)
         rc = RowChecks(ref, enc.vnorm, x2, enc.w.t(), enc.bias, None, enc.rnorm)
         ge = GemmEncoding(x2.shape[0], x2.shape[1], enc.w.shape[0], rows=rc, bias=enc.bias)
-        return verify_gemm(ge, self.y2, exact_ratio=exact_ratio, diff=diff, **self.opts)
+        return verify_gemm(ge, self.y2, exact_ratio=exact_ratio, diff=diff, dtype=dtype, lam=lam, u=u, u_out=u_out,
+                           op=op)
 
 
 class _LinearCache:
@@ -723,8 +744,9 @@ class _LinearCache:
         self.entries: dict[int, tuple[Any, Any, tuple[Any, ...], LinearEncoding]] = {}
 
     def get(self, weight: torch.Tensor, bias: torch.Tensor | None) -> LinearEncoding:
-        key = (weight._version, bias._version if bias is not None else None, weight.dtype, weight.device,
-               tuple(weight.shape), weight.data_ptr(), bias.data_ptr() if bias is not None else None)
+        # (a new dtype, device or shape comes with new storage: the data pointers cover them)
+        key = (weight._version, weight.data_ptr(), weight.shape,
+               None if bias is None else (bias._version, bias.data_ptr()))
         hit = self.entries.get(id(weight))
         if hit is not None and hit[0]() is weight and (hit[1]() if hit[1] is not None else None) is bias \
                 and hit[2] == key:
@@ -750,7 +772,7 @@ def checked_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
     weight tensor itself), so a call costs the product, one pass over ``x`` and one over ``y``.
     """
     enc = encoding if encoding is not None else _LINEARS.get(weight, bias)
-    x2 = x.reshape(-1, x.shape[-1])
+    x2 = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
     if x2.dtype != enc.w.dtype:
         x2 = x2.to(enc.w.dtype)
     if not exact_ratio and x2.shape[0] and _compiled_ok(x2, enc.w):
@@ -769,7 +791,7 @@ def checked_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
         # (n = 1024, this CPU) the Linear costs ~4% more when x is read ahead of F.linear
         rep = verify_linear(enc, x2, acc, dtype=x.dtype, lam=lam, exact_ratio=exact_ratio)
     y = acc if acc.dtype == x.dtype else acc.to(x.dtype)
-    return y.reshape(*x.shape[:-1], enc.w.shape[0]), rep
+    return (y if x.dim() == 2 else y.reshape(*x.shape[:-1], enc.w.shape[0])), rep
 
 
 # ----------------------------------------------------------------------------- EmbeddingBag
