@@ -715,6 +715,13 @@ def test_torchs_lookup_runs_under_a_dispatch_mode_under_autograd_and_where_the_k
     with spy:
         out, rep = abft.checked_embedding_bag(abft.CheckedTable(leaf, table.checks), idx, off)
     assert out.grad_fn is not None and not rep.alarm and "bag_lookup" not in names
+    # strided per-sample weights: torch pools them with another kernel, which rounds otherwise
+    psw = torch.randn(60, generator=g)[::2]
+    names, spy = _spy_kernels()
+    with spy:
+        out, rep = abft.checked_embedding_bag(table, idx, off, per_sample_weights=psw)
+    assert torch.equal(out, F.embedding_bag(idx, w, off, mode="sum", per_sample_weights=psw)) and not rep.alarm
+    assert "bag_lookup" not in names
     # a torch build that rounds otherwise: the fused lookup is not used
     monkeypatch.setitem(abft._AGREE, (False, False), False)
     names, spy = _spy_kernels()

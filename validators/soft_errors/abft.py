@@ -1051,8 +1051,8 @@ class _FusedCall:
     indices) summed in the same pass and, with ``check``, the output's sums and the verdict.
 
     :meth:`of` returns None where torch's lookup must run instead: autograd recording, indices that are
-    not a 1-D CPU int32/int64 tensor with offsets of the same dtype, per-sample weights with mean
-    pooling (torch refuses them) or not float32, a TorchDispatchMode active (a fault simulated on torch's
+    not a contiguous 1-D CPU int32/int64 tensor with offsets of the same dtype, per-sample weights with
+    mean pooling (torch refuses them), not float32 or strided (torch then pools with another kernel), a TorchDispatchMode active (a fault simulated on torch's
     operators must reach the lookup), or where this torch build's kernels were found to round
     differently (:func:`_fused_lookups_agree`). Every operation here is on the hot path of a ~1 ms lookup.
     """
@@ -1064,11 +1064,12 @@ class _FusedCall:
            extra: float, lam: float | None, op: str, dtype: str, shape: tuple[int, ...]) -> _FusedCall | None:
         if ft is None or torch._C._len_torch_dispatch_stack() or idx.dtype not in _INDEX_DTYPES or \
                 off.dtype != idx.dtype or idx.dim() != 1 or off.dim() != 1 or not idx.is_cpu or not off.is_cpu or \
-                not off.shape[0] or mode not in ("sum", "mean") or not _kernels.available():
+                not off.shape[0] or mode not in ("sum", "mean") or not idx.is_contiguous() or \
+                not off.is_contiguous() or not _kernels.available():
             return None
         if psw is not None and (mode != "sum" or psw.dtype != torch.float32 or psw.shape != idx.shape or
-                                not psw.is_cpu):
-            return None
+                                not psw.is_cpu or not psw.is_contiguous()):
+            return None  # (torch pools strided weights with another kernel, which rounds otherwise)
         if torch.is_grad_enabled() and (ft.tensor.requires_grad or (psw is not None and psw.requires_grad)):
             return None
         if not _fused_lookups_agree(ft.quantized, psw is not None):
