@@ -186,11 +186,11 @@ class _ForwardHandle:
 
 
 def _embedding_hooks(guard: Guard, name: str, lam: float | None, bag: bool, exact: bool):
-    """A forward pre-hook, a forward hook and (EmbeddingBag) a ``forward`` checking an Embedding/EmbeddingBag.
+    """A forward hook and (EmbeddingBag) a ``forward`` checking an Embedding/EmbeddingBag.
 
-    On the CPU, with the compiled kernels, the pre-hook prepares the check from the indices before the
-    lookup. Where the fused lookup applies (:class:`.abft._FusedCall`: a float32 table, no autograd,
-    no max_norm, no include_last_offset) the module's ``forward`` runs it: the lookup itself, bitwise
+    On the CPU, with the compiled kernels, an EmbeddingBag's ``forward`` prepares the check from the
+    indices before the lookup. Where the fused lookup applies (:class:`.abft._FusedCall`: a float32
+    table, no autograd, no max_norm, no include_last_offset) it runs that: the lookup itself, bitwise
     torch's, with each bag's reference summed in the same pass; the hook then checks the output as it
     is when the hook sees it (one compiled pass over the bags x D output). Otherwise torch's lookup runs
     and the hook makes the prepared compiled verdict (gather of the row sums and the check in one call;
@@ -204,38 +204,39 @@ def _embedding_hooks(guard: Guard, name: str, lam: float | None, bag: bool, exac
     def checks_of(w: torch.Tensor) -> abft.EmbeddingChecks:
         return cache.get(_key(w), lambda: abft.EmbeddingChecks.of(w))
 
-    def pre(mod: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        state.clear()
+    def prepare(mod: nn.Module, inputs: tuple[Any, ...]) -> Any:
+        """A fused call (:class:`.abft._FusedCall`), a prepared compiled verdict
+        (:class:`.abft._CompiledBags`) or None for this call."""
         w = mod.weight
-        if exact or not bag or w.device.type != "cpu" or not w.is_floating_point() or not _kernels.available():
-            return
-        inputs = _call_args(mod, args, kwargs, bag)
+        if exact or not w.is_cpu or not w.is_floating_point() or not _kernels.available():
+            return None
         largs = _lookup_args(mod, inputs, bag)
         if largs is None or not isinstance(largs[0], torch.Tensor) or largs[3] not in ("sum", "mean") or \
                 (largs[0].dim() != 2 and largs[1] is None):  # (torch reports the missing offsets)
-            return
+            return None
         with torch.no_grad():
             idx, off = abft._bags_args(largs[0], largs[1])
             nb, d = off.shape[0], w.shape[1]
-            call = None
-            if w.dtype == torch.float32 and getattr(mod, "max_norm", None) is None and \
-                    not getattr(mod, "include_last_offset", False):
+            if w.dtype is torch.float32 and mod.max_norm is None and not mod.include_last_offset:
                 ft = fused.get(_key(w), lambda: abft.fused_table(w, checks_of(w), d))
                 call = abft._FusedCall.of(ft, idx, off, largs[3], largs[2], 4.0, lam, kind, "float32", (nb, d))
-            if call is not None:
-                state["call"] = (inputs[0], w._version, call)
-                return
+                if call is not None:
+                    return call
             u_out = abft.UNIT_ROUNDOFF[w.dtype] if w.dtype != torch.float32 else 0.0
-            state["run"] = (inputs[0], w._version, abft._CompiledBags(abft._Bags(
-                checks_of(w), idx, off, largs[3], largs[2], nb, d, 4.0, u_out, lam, kind, abft._dt(w.dtype), (nb, d))))
+            return abft._CompiledBags(abft._Bags(checks_of(w), idx, off, largs[3], largs[2], nb, d, 4.0, u_out, lam,
+                                                 kind, abft._dt(w.dtype), (nb, d)))
 
     def forward(*args: Any, **kwargs: Any) -> Any:
-        prepared = state.pop("call", None)
-        if prepared is not None and prepared[0] is (args[0] if args else kwargs.get("input")) \
-                and prepared[1] == handle.mod.weight._version:
-            out, rep = prepared[2].run(lambda: own(*args, **kwargs), check=False)
-            state["fused"] = prepared[2] if rep is None else rep
+        state.clear()
+        mod = handle.mod
+        inputs = _call_args(mod, args, kwargs, bag)
+        prepared = prepare(mod, inputs)
+        if isinstance(prepared, abft._FusedCall):
+            out, rep = prepared.run(lambda: own(*args, **kwargs), check=False)
+            state["fused"] = (inputs[0], prepared if rep is None else rep)
             return out
+        if prepared is not None:
+            state["run"] = (inputs[0], mod.weight._version, prepared)
         return own(*args, **kwargs)
 
     def hook(mod: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: torch.Tensor) -> None:
@@ -246,13 +247,17 @@ def _embedding_hooks(guard: Guard, name: str, lam: float | None, bag: bool, exac
         inputs = _call_args(mod, args, kwargs, bag)
         with torch.no_grad():
             w = mod.weight
-            if fused_call is not None:  # the fused lookup ran: its references against the output as it is now
-                out2 = output.detach()
-                rep = fused_call if isinstance(fused_call, abft.CheckReport) else fused_call.verdict(out2)
-                guard.record(name, kind, rep)
+            call = fused_call[1] if fused_call is not None and fused_call[0] is inputs[0] else None
+            if isinstance(call, abft.CheckReport):
+                guard.record(name, kind, call)
+                return
+            if call is not None and output.dtype is torch.float32 and output.is_cpu and \
+                    output.shape == (call.nb, call.ft.d):
+                # the fused lookup ran: its references against the output as it is now
+                guard.record(name, kind, call.verdict(output.detach()))
                 return
             if prepared is not None and prepared[0] is inputs[0] and prepared[1] == w._version \
-                    and output.dim() == 2 and output.device.type == "cpu":
+                    and output.dim() == 2 and output.is_cpu:
                 out2 = output.detach()
                 guard.record(name, kind, prepared[2].verdict(out2 if out2.dtype == torch.float32 else out2.float()))
                 return
@@ -270,8 +275,7 @@ def _embedding_hooks(guard: Guard, name: str, lam: float | None, bag: bool, exac
 
     def install(mod: nn.Module) -> list[Any]:
         nonlocal handle, own
-        handles = [mod.register_forward_pre_hook(pre, with_kwargs=True),
-                   mod.register_forward_hook(hook, with_kwargs=True)]
+        handles = [mod.register_forward_hook(hook, with_kwargs=True)]
         if bag:
             own = mod.forward
             handle = _ForwardHandle(mod, forward)
