@@ -332,7 +332,7 @@ def bag_verdict(lo, hi, out, idx, off, rowsum, psw, mean, c_lb, tiny, ref, got):
 def _row_chunk(nv: int, width: int) -> Any:
     """A Numba intrinsic that pools one column chunk of a bag, written in LLVM IR.
 
-    ``chunk(table, idx, s, e, c0, out, b, div, rowsum, psw, flag, dcodes, summing)`` sets
+    ``chunk(table, idx, s, e, c0, out, b, div, rowsum, psw, dcodes, summing)`` sets
     ``out[b, c0 : c0 + nv*width]`` to the bag ``idx[s:e]`` pooled over those columns and divided by
     ``div``, with ``nv`` accumulators of ``width`` float32 lanes held in registers (Numba's own loops keep
     them in memory, which no alias analysis can lift: 1.6x slower than fbgemm). ``table`` is a float32
@@ -343,16 +343,17 @@ def _row_chunk(nv: int, width: int) -> Any:
     so the output is bitwise torch's (and checked to be, see :func:`.abft._fused_lookups_agree`). The
     chunk's cache lines of the row ``PREFETCH`` indices ahead are prefetched. A ``summing`` chunk (a
     literal) also returns the bag's reference ``sum_i rowsum[j_i] (* psw[i])`` in fp64 and prefetches the
-    row sums (and the scale and bias). An index outside the table reads row 0 instead and sets ``flag[0]``.
+    row sums (and the scale and bias). Returns ``(reference, output sum, output 1-norm, bad)``; an index
+    outside the table reads row 0 instead and makes ``bad`` 1.
     """
     f32, f64, i64, i32, i8 = ir.FloatType(), ir.DoubleType(), ir.IntType(64), ir.IntType(32), ir.IntType(8)
     vec = ir.VectorType(f32, width)
 
     @intrinsic
-    def chunk(typingctx, table, idx, s, e, c0, out, b, div, rowsum, psw, flag, dcodes, summing):
+    def chunk(typingctx, table, idx, s, e, c0, out, b, div, rowsum, psw, dcodes, summing):
         if not isinstance(summing, types.BooleanLiteral):
             return None
-        sig = types.UniTuple(types.float64, 3)(table, idx, s, e, c0, out, b, div, rowsum, psw, flag, dcodes, summing)
+        sig = types.UniTuple(types.float64, 4)(table, idx, s, e, c0, out, b, div, rowsum, psw, dcodes, summing)
         quantized = table.dtype == types.uint8
         weighted = not isinstance(psw, types.NoneType)
         sums = summing.literal_value
@@ -361,7 +362,7 @@ def _row_chunk(nv: int, width: int) -> Any:
         def codegen(context, builder, signature, args):
             ity = signature.args[1]
             arrays = {k: context.make_array(signature.args[k])(context, builder, args[k])
-                      for k in (0, 1, 5, 8, 9, 10) if k != 9 or weighted}
+                      for k in (0, 1, 5, 8, 9) if k != 9 or weighted}
 
             def ptr(k: int, *inds: Any) -> Any:
                 a, aty = arrays[k], signature.args[k]
@@ -386,7 +387,7 @@ def _row_chunk(nv: int, width: int) -> Any:
                 v = builder.insert_element(ir.Constant(vec, None), x, ir.Constant(i32, 0))
                 return builder.shuffle_vector(v, ir.Constant(vec, None), ir.Constant(ir.VectorType(i32, width), None))
 
-            start, stop, col0, bag, codes = cast(2), cast(3), cast(4), cast(6), cast(11)
+            start, stop, col0, bag, codes = cast(2), cast(3), cast(4), cast(6), cast(10)
             divisor = context.cast(builder, args[7], signature.args[7], types.float32)
             n = cgutils.unpack_tuple(builder, arrays[1].shape)[0]
             rows = cgutils.unpack_tuple(builder, arrays[0].shape)[0]
@@ -456,11 +457,9 @@ def _row_chunk(nv: int, width: int) -> Any:
             got = call(f"llvm.vector.reduce.fadd.v{width}f32", f32, ir.Constant(f32, 0.0), total, fastmath=("reassoc",))
             mag = call(f"llvm.vector.reduce.fadd.v{width}f32", f32, ir.Constant(f32, 0.0), absolute,
                        fastmath=("reassoc",))
-            fp = ptr(10, ir.Constant(i64, 0))
-            was = builder.load(fp)
-            builder.store(builder.or_(was, builder.zext(builder.load(bad), was.type)), fp)
             return context.make_tuple(builder, signature.return_type,
-                                      [builder.load(ref), builder.fpext(got, f64), builder.fpext(mag, f64)])
+                                      [builder.load(ref), builder.fpext(got, f64), builder.fpext(mag, f64),
+                                       builder.uitofp(builder.load(bad), f64)])
 
         return sig, codegen
 
@@ -472,7 +471,7 @@ chunk128, chunk64, chunk16, chunk1 = (_row_chunk(nv, w) for nv, w in ((8, 16), (
 
 
 @jit
-def bag_lookup(lo, hi, table, idx, off, out, rowsum, psw, mean, check, c_lb, tiny, ref, got, flag):  # pragma: no cover
+def bag_lookup(lo, hi, table, idx, off, out, rowsum, psw, mean, check, c_lb, tiny, ref, got):  # pragma: no cover
     # bags [lo, hi) of out (bags x D) pooled from table (float32, or uint8 8-bit row-wise), psw None or the
     # per-sample weights; writes each bag's reference to ref and, with check, its output sum to got and
     # returns the largest |got - ref| / (c_lb sum_d |out_bd| + tiny) (the lower-bound verdict of
@@ -488,42 +487,48 @@ def bag_lookup(lo, hi, table, idx, off, out, rowsum, psw, mean, check, c_lb, tin
         if s < 0 or e > n or s > e:
             return -1.0
         div = np.float32(e - s) if mean and e > s else np.float32(1.0)
-        r = g = a = 0.0
+        r = g = a = bad = 0.0
         c = 0
         # (chunks of 128 columns only for 8-bit rows: with float32 rows two chunks of 64 are faster, 8.7% of
         # a 100000 x 128 lookup measured on this host)
         if d >= 128 and table.itemsize == 1:  # the first chunk also sums the reference
-            r, g, a = chunk128(table, idx, s, e, 0, out, bg, div, rowsum, psw, flag, d, True)
+            r, g, a, bad = chunk128(table, idx, s, e, 0, out, bg, div, rowsum, psw, d, True)
             c = 128
         elif d >= 64:
-            r, g, a = chunk64(table, idx, s, e, 0, out, bg, div, rowsum, psw, flag, d, True)
+            r, g, a, bad = chunk64(table, idx, s, e, 0, out, bg, div, rowsum, psw, d, True)
             c = 64
         elif d >= 16:
-            r, g, a = chunk16(table, idx, s, e, 0, out, bg, div, rowsum, psw, flag, d, True)
+            r, g, a, bad = chunk16(table, idx, s, e, 0, out, bg, div, rowsum, psw, d, True)
             c = 16
         elif d >= 1:
-            r, g, a = chunk1(table, idx, s, e, 0, out, bg, div, rowsum, psw, flag, d, True)
+            r, g, a, bad = chunk1(table, idx, s, e, 0, out, bg, div, rowsum, psw, d, True)
             c = 1
         while c + 128 <= d and table.itemsize == 1:
-            _, g1, a1 = chunk128(table, idx, s, e, c, out, bg, div, rowsum, psw, flag, d, False)
+            _, g1, a1, bad1 = chunk128(table, idx, s, e, c, out, bg, div, rowsum, psw, d, False)
             g += g1
             a += a1
+            bad += bad1
             c += 128
         while c + 64 <= d:
-            _, g1, a1 = chunk64(table, idx, s, e, c, out, bg, div, rowsum, psw, flag, d, False)
+            _, g1, a1, bad1 = chunk64(table, idx, s, e, c, out, bg, div, rowsum, psw, d, False)
             g += g1
             a += a1
+            bad += bad1
             c += 64
         while c + 16 <= d:
-            _, g1, a1 = chunk16(table, idx, s, e, c, out, bg, div, rowsum, psw, flag, d, False)
+            _, g1, a1, bad1 = chunk16(table, idx, s, e, c, out, bg, div, rowsum, psw, d, False)
             g += g1
             a += a1
+            bad += bad1
             c += 16
         while c < d:
-            _, g1, a1 = chunk1(table, idx, s, e, c, out, bg, div, rowsum, psw, flag, d, False)
+            _, g1, a1, bad1 = chunk1(table, idx, s, e, c, out, bg, div, rowsum, psw, d, False)
             g += g1
             a += a1
+            bad += bad1
             c += 1
+        if bad:
+            return -1.0
         if mean and e - s > 1:
             r /= e - s
         ref[bg] = r
@@ -534,8 +539,6 @@ def bag_lookup(lo, hi, table, idx, off, out, rowsum, psw, mean, check, c_lb, tin
             worst = max(worst, abs(g - r) / (c_lb * a + tiny))
         else:
             finite = False
-    if flag[0]:
-        return -1.0
     return worst if finite else math.nan
 
 

@@ -103,8 +103,7 @@ def _smoke(k: dict[str, Any]) -> None:
     for table in (np.ones((3, 1), f32), np.ones((3, 9), np.uint8)):  # fp32 and 8-bit, unweighted and weighted
         for psw in (None, np.ones(2, f32)):
             k["bag_lookup"](0, 1, table, np.zeros(2, np.int64), np.zeros(1, np.int64), np.empty((1, 1), f32),
-                            np.ones(3, f32), psw, False, True, 1.0, 1.0, np.zeros(1, f64), np.zeros(1, f64),
-                            np.zeros(1, np.int64))
+                            np.ones(3, f32), psw, False, True, 1.0, 1.0, np.zeros(1, f64), np.zeros(1, f64))
 
 
 def _kernels() -> dict[str, Any] | None:

@@ -1090,10 +1090,9 @@ class _FusedCall:
         self.buf = buf = np.empty((2, nb))  # per-bag reference and output sums
         self.consts = (c_lb, tiny)
         out = torch.empty((nb, ft.d), dtype=torch.float32)
-        flag = np.zeros(1, np.int64)
         worst = _kernels.raw("bag_lookup")(0, nb, ft.view, self.idx.numpy(), self.off.numpy(), out.numpy(), ft.rowsum,
                                            None if self.psw is None else self.psw.detach().numpy(),
-                                           self.mode == "mean", check, c_lb, tiny, buf[0], buf[1], flag)
+                                           self.mode == "mean", check, c_lb, tiny, buf[0], buf[1])
         if worst == -1.0:
             out = lookup()
             return out, _bag_exact(self._bag(), out.reshape(-1, ft.d).float(), False)
@@ -1146,10 +1145,10 @@ def _fused_lookups_agree(quantized: bool, weighted: bool) -> bool:
                 else:
                     t, checks = w, EmbeddingChecks.of(w)
                     want = F.embedding_bag(idx, w, off, mode=mode, per_sample_weights=psw)
-                out, buf, flag = np.empty((5, d), np.float32), np.empty((2, 5)), np.zeros(1, np.int64)
-                kernel(0, 5, t.numpy(), idx.numpy(), off.numpy(), out, checks.rowsum_view(),
-                       None if psw is None else psw.numpy(), mode == "mean", False, 1.0, 1.0, buf[0], buf[1], flag)
-                ok &= torch.equal(torch.from_numpy(out), want) and not flag[0]
+                out, buf = np.empty((5, d), np.float32), np.empty((2, 5))
+                flag = kernel(0, 5, t.numpy(), idx.numpy(), off.numpy(), out, checks.rowsum_view(),
+                              None if psw is None else psw.numpy(), mode == "mean", False, 1.0, 1.0, buf[0], buf[1])
+                ok &= torch.equal(torch.from_numpy(out), want) and flag != -1.0
     _AGREE[(quantized, weighted)] = ok
     return ok
 
