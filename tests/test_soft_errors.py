@@ -766,3 +766,80 @@ def test_protect_runs_the_fused_lookup_keeps_outputs_and_restores_the_module():
     assert guard.checks == 3 and recs and len(guard.alarms) == 1
     # the output flip came after the lookup: the hook's pass over the output saw it
     assert guard.alarms[0].call == 3
+
+
+# ----------------------------------------------------------------------------- review findings (fused paths)
+
+def _both_reports(w, checks, idx, off, delta):
+    bad = w.clone()
+    bad[:, 3] += delta
+    table = abft.CheckedTable(bad, checks)
+    return (abft.checked_embedding_bag(table, idx, off)[1],
+            abft.checked_embedding_bag(table, idx, off, exact_ratio=True)[1])
+
+
+@needs_kernels
+@pytest.mark.parametrize("d", [16, 128])
+def test_a_fused_clean_verdict_is_clean_on_the_exact_path_at_the_threshold(d):
+    # faults sized so that the fused verdict sits just under its threshold: the exact path must agree
+    # (the two sum the output in different orders: both in fp64, and a margin of 2^-10 for the fused one)
+    g = torch.Generator().manual_seed(d)
+    for _ in range(40):
+        w = torch.randn(8, d, generator=g) * torch.rand(8, 1, generator=g) * 10
+        w[:, : d // 2] += 5.0
+        checks = abft.EmbeddingChecks.of(w)
+        idx, off = torch.arange(8), torch.arange(8)  # one index per bag: the least slack
+
+        lo, hi = 0.0, 1.0
+        for _ in range(40):
+            mid = (lo + hi) / 2
+            lo, hi = (mid, hi) if not _both_reports(w, checks, idx, off, mid)[0].alarm else (lo, mid)
+        fused, exact = _both_reports(w, checks, idx, off, lo)
+        assert not fused.alarm and not exact.alarm, (fused.max_ratio, exact.max_ratio)
+
+
+def test_protect_leaves_wrong_input_widths_and_offsets_to_torch():
+    torch.manual_seed(0)
+    lin, bag = torch.nn.Linear(4, 8), torch.nn.EmbeddingBag(10, 16, mode="sum")
+    empty = torch.nn.EmbeddingBag(0, 1000, mode="sum")
+    with torch.no_grad(), protect(lin) as guard, protect(bag), protect(empty):
+        with pytest.raises(RuntimeError):
+            lin(torch.randn(2, 100_000))  # (read past the encoding before: a crash)
+        with pytest.raises(ValueError, match="offsets has to be None"):
+            bag(torch.randint(0, 10, (3, 4)), torch.tensor([0, 1, 2]))
+        with pytest.raises(RuntimeError, match="offsets"):
+            bag(torch.arange(1, 6), torch.tensor([1, 3]))  # a first offset other than 0
+        with pytest.raises(RuntimeError, match="valid range"):
+            empty(torch.tensor([0]), torch.tensor([0]))  # (no row 0 to fall back on: a read past the table before)
+    assert not guard.alarms
+    with pytest.raises(RuntimeError):
+        abft.checked_linear(torch.randn(2, 100_000), torch.randn(8, 4))
+    with pytest.raises(UsageError, match="no offsets"):
+        abft.checked_embedding_bag(abft.checked_table(torch.randn(10, 4)), torch.zeros(2, 3, dtype=torch.long),
+                                   torch.tensor([0, 1]))
+    with pytest.raises(RuntimeError, match="offsets"):
+        abft.checked_embedding_bag(abft.checked_table(torch.randn(10, 4)), torch.arange(1, 6), torch.tensor([1, 3]))
+    with pytest.raises(RuntimeError, match="valid range"):
+        abft.checked_embedding_bag(abft.checked_table(torch.empty(0, 1000)), torch.tensor([0]), torch.tensor([0]))
+
+
+@needs_kernels
+def test_a_protected_embedding_bag_copies_restores_and_follows_its_weight():
+    import copy
+
+    torch.manual_seed(1)
+    bag = torch.nn.EmbeddingBag(20, 16, mode="sum")
+    idx, off = torch.randint(0, 20, (12,)), torch.tensor([0, 5])
+    with torch.no_grad():
+        g1 = protect(bag)
+        twin = copy.deepcopy(bag)  # its forward is bound to the copy, not to the original
+        twin.weight.mul_(2)
+        assert torch.equal(twin(idx, off), F.embedding_bag(idx, twin.weight, off, mode="sum"))
+        bag.weight.data = bag.weight.data.view(40, 8)  # same storage, same version, another shape
+        assert torch.equal(bag(idx, off), F.embedding_bag(idx, bag.weight, off, mode="sum"))
+        with torch.device("meta"):  # a default device (a TorchFunctionMode): torch's lookup, as unprotected
+            assert torch.equal(bag(idx, off), F.embedding_bag(idx, bag.weight, off, mode="sum"))
+        g2 = protect(bag)
+        g1.remove()  # guards removed out of order: no protected forward stays behind
+        g2.remove()
+    assert "forward" not in bag.__dict__ and not g1.alarms and not g2.alarms

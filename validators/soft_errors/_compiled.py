@@ -312,7 +312,7 @@ def bag_verdict(lo, hi, out, idx, off, rowsum, psw, mean, c_lb, tiny, ref, got):
                 r += rowsum[j]
         if mean and e - s > 1:
             r /= e - s
-        g = np.float32(0.0)  # the output's sums in fp32, as the threshold's D term allows
+        g = 0.0  # the output's sum in fp64 (as the exact path's), its square norm in fp32
         sq = np.float32(0.0)
         for k in range(d):
             x = out[bg, k]
@@ -444,21 +444,24 @@ def _row_chunk(nv: int, width: int) -> Any:
                         acc = builder.fadd(acc, builder.load(p, typ=vec, align=4))
                     builder.store(acc, accs[v])
             dv = splat(divisor)
+            vec64 = ir.VectorType(f64, width)
             total = absolute = None
             for v in range(nv):
                 p = ptr(5, bag, builder.add(col0, ir.Constant(i64, v * width)))
                 o = builder.fdiv(builder.load(accs[v]), dv)
                 builder.store(o, builder.bitcast(p, vec.as_pointer()), align=4)
                 a = call(f"llvm.fabs.v{width}f32", vec, o)
-                total = o if total is None else builder.fadd(total, o)
+                o64 = builder.fpext(o, vec64)
+                total = o64 if total is None else builder.fadd(total, o64)
                 absolute = a if absolute is None else builder.fadd(absolute, a)
-            # the chunk's output sum and 1-norm, from the values just stored (fp32, any order: the D term
-            # of the threshold covers it)
-            got = call(f"llvm.vector.reduce.fadd.v{width}f32", f32, ir.Constant(f32, 0.0), total, fastmath=("reassoc",))
+            # the chunk's output sum (fp64: two orders of summing agree to ~1e-16, so this verdict and the
+            # exact path's agree) and 1-norm (fp32, any order: the threshold's D term covers it), from the
+            # values just stored
+            got = call(f"llvm.vector.reduce.fadd.v{width}f64", f64, ir.Constant(f64, 0.0), total, fastmath=("reassoc",))
             mag = call(f"llvm.vector.reduce.fadd.v{width}f32", f32, ir.Constant(f32, 0.0), absolute,
                        fastmath=("reassoc",))
             return context.make_tuple(builder, signature.return_type,
-                                      [builder.load(ref), builder.fpext(got, f64), builder.fpext(mag, f64),
+                                      [builder.load(ref), got, builder.fpext(mag, f64),
                                        builder.uitofp(builder.load(bad), f64)])
 
         return sig, codegen
@@ -479,6 +482,8 @@ def bag_lookup(lo, hi, table, idx, off, out, rowsum, psw, mean, check, c_lb, tin
     # -1 if an index or an offset is out of range
     nb, d = out.shape
     n = idx.shape[0]
+    if (lo < hi and off[0] != 0) or (n and not table.shape[0]):
+        return -1.0  # (torch refuses a first offset other than 0; no row of an empty table can be read)
     worst = 0.0
     finite = True
     for bg in range(lo, hi):
@@ -550,7 +555,7 @@ def bag_out_verdict(lo, hi, out, ref, c_lb, tiny, got):  # pragma: no cover - co
     worst = 0.0
     finite = True
     for bg in range(lo, hi):
-        g = np.float32(0.0)
+        g = 0.0
         a = np.float32(0.0)
         for k in range(d):
             x = out[bg, k]

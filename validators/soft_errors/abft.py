@@ -564,7 +564,7 @@ def _compiled_mm(a32: torch.Tensor, b32: torch.Tensor, dtype: torch.dtype, lam: 
     ref, got, na, r = buf[0:2, :m], buf[2:4, :m], buf[4, :m], buf[5, :k]
     rnorm = math.sqrt(b_pass(0, k, b32.detach().numpy(), wt, vt, r))
     a_pass(0, m, a32.detach().numpy(), vt, ref, na)
-    acc = torch.empty((m, n), dtype=torch.float32)
+    acc = torch.empty((m, n), dtype=torch.float32, device="cpu")
     torch.mm(a32, b32, out=acc)
     worst = mm_exact(0, m, acc.numpy(), wt, ref, na, rnorm, *consts, got)
     out = acc if dtype == torch.float32 else acc.to(dtype)
@@ -681,6 +681,9 @@ def verify_linear(enc: LinearEncoding, x2: torch.Tensor, y2: torch.Tensor, *, dt
     Costs one pass over ``x2`` (the reference checksums) and one over ``y2``; on the CPU both, the
     input's row norms and the verdict against the exact threshold are one compiled pass (:mod:`._kernels`).
     """
+    n, k = enc.w.shape
+    if x2.dim() != 2 or y2.dim() != 2 or x2.shape[1] != k or y2.shape != (x2.shape[0], n):
+        raise UsageError(f"verify_linear needs x (M, {k}) and y (M, {n}), got {tuple(x2.shape)} and {tuple(y2.shape)}")
     with torch.no_grad():
         if x2.shape[0] and _compiled_cpu(x2, y2):  # (no out=: autograd is no obstacle here)
             return _CompiledLinear(enc, x2, y2, dtype=dtype, lam=lam, u=u, u_out=u_out, op=op).verdict(exact_ratio)
@@ -775,9 +778,9 @@ def checked_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
     x2 = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
     if x2.dtype != enc.w.dtype:
         x2 = x2.to(enc.w.dtype)
-    if not exact_ratio and x2.shape[0] and _compiled_ok(x2, enc.w):
+    if not exact_ratio and x2.shape[0] and x2.shape[1] == enc.w.shape[1] and _compiled_ok(x2, enc.w):
         # the compiled CPU verdict prepared before the product, which writes into its buffer
-        acc = torch.empty((x2.shape[0], enc.w.shape[0]), dtype=torch.float32)
+        acc = torch.empty((x2.shape[0], enc.w.shape[0]), dtype=torch.float32, device="cpu")
         run = _CompiledLinear(enc, x2, acc, dtype=x.dtype, lam=lam, u=None, u_out=0.0, op="linear")
         run.reference()
         if enc.bias is not None:
@@ -929,6 +932,8 @@ def verify_bag_output(out: torch.Tensor, checks: EmbeddingChecks, indices: torch
         idx, off, psw = indices.reshape(-1), None, None
     else:
         (idx, off), psw = _bags_args(indices, offsets), per_sample_weights
+        if psw is not None and psw.dim() == 2:
+            psw = psw.reshape(-1)
     bag = _Bags(checks, idx, off, mode, psw, nb, d, extra, u_out, lam, op, dt, shape)
     if mode != "none" and _compiled_bags_ok(out2, checks):
         return _CompiledBags(bag).verdict(out2, exact_ratio)
@@ -1005,7 +1010,7 @@ class _CompiledBags:
     def _decide(self, worst: float, out2: torch.Tensor, exact_ratio: bool) -> CheckReport:
         if worst == -1.0:  # an index or offset out of range: the torch path reports it
             return _bag_exact(self.bag, out2, exact_ratio)
-        if not exact_ratio and worst <= 1.0:  # NaN (something not finite) falls through
+        if not exact_ratio and worst <= _CLEAR:  # NaN (something not finite) falls through; near 1: exact path
             self.report.max_ratio = worst
             return self.report
         return _bag_exact(self.bag, out2, exact_ratio, (self.buf[0], self.buf[1]))
@@ -1052,9 +1057,11 @@ class _FusedCall:
 
     :meth:`of` returns None where torch's lookup must run instead: autograd recording, indices that are
     not a contiguous 1-D CPU int32/int64 tensor with offsets of the same dtype, per-sample weights with
-    mean pooling (torch refuses them), not float32 or strided (torch then pools with another kernel), a TorchDispatchMode active (a fault simulated on torch's
-    operators must reach the lookup), or where this torch build's kernels were found to round
-    differently (:func:`_fused_lookups_agree`). Every operation here is on the hot path of a ~1 ms lookup.
+    mean pooling (torch refuses them), not float32 or strided (torch then pools with another kernel), a
+    TorchDispatchMode or TorchFunctionMode active (a fault simulated on torch's operators, or a default
+    device, must reach the lookup), or where this torch build's kernels were found to round differently
+    (:func:`_fused_lookups_agree`). Every operation here is on the hot path of a ~1 ms lookup. A verdict
+    within ``2^-10`` of its threshold is left to the exact path (:func:`_bag_exact`), so both agree.
     """
 
     __slots__ = ("ft", "idx", "off", "mode", "psw", "extra", "lam", "op", "dtype", "shape", "nb", "consts", "buf")
@@ -1062,7 +1069,8 @@ class _FusedCall:
     @classmethod
     def of(cls, ft: _FusedTable | None, idx: torch.Tensor, off: torch.Tensor, mode: str, psw: torch.Tensor | None,
            extra: float, lam: float | None, op: str, dtype: str, shape: tuple[int, ...]) -> _FusedCall | None:
-        if ft is None or torch._C._len_torch_dispatch_stack() or idx.dtype not in _INDEX_DTYPES or \
+        if ft is None or torch._C._len_torch_dispatch_stack() or torch._C._is_torch_function_mode_enabled() or \
+                idx.dtype not in _INDEX_DTYPES or \
                 off.dtype != idx.dtype or idx.dim() != 1 or off.dim() != 1 or not idx.is_cpu or not off.is_cpu or \
                 not off.shape[0] or mode not in ("sum", "mean") or not idx.is_contiguous() or \
                 not off.is_contiguous() or not _kernels.available():
@@ -1089,7 +1097,7 @@ class _FusedCall:
         _, tiny, c_lb = _bag_constants(self.idx.shape[0], ft.d, self.extra, 0.0, self.lam)
         self.buf = buf = np.empty((2, nb))  # per-bag reference and output sums
         self.consts = (c_lb, tiny)
-        out = torch.empty((nb, ft.d), dtype=torch.float32)
+        out = torch.empty((nb, ft.d), dtype=torch.float32, device="cpu")
         worst = _kernels.raw("bag_lookup")(0, nb, ft.view, self.idx.numpy(), self.off.numpy(), out.numpy(), ft.rowsum,
                                            None if self.psw is None else self.psw.detach().numpy(),
                                            self.mode == "mean", check, c_lb, tiny, buf[0], buf[1])
@@ -1110,7 +1118,7 @@ class _FusedCall:
                      self.lam, self.op, self.dtype, self.shape)
 
     def _decide(self, worst: float, out2: torch.Tensor) -> CheckReport:
-        if worst <= 1.0:  # NaN (something not finite) falls through
+        if worst <= _CLEAR:  # NaN (something not finite) falls through; near 1 the exact path decides
             return CheckReport(self.op, self.dtype, False, worst, True, [], [], None, self.shape)
         return _bag_exact(self._bag(), out2, False, (self.buf[0], self.buf[1]))
 
@@ -1130,11 +1138,11 @@ def _fused_lookups_agree(quantized: bool, weighted: bool) -> bool:
     kernel = _kernels._kernels()["bag_lookup"]  # (not raw(): this once-per-process check is no hot path)
     with torch.no_grad():
         for d in (211, 7):
-            rows, lengths = 50, torch.tensor([3, 0, 17, 1, 9])
-            off = torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)[:-1]])
-            idx = torch.randint(0, rows, (int(lengths.sum()),), generator=g)
-            w = torch.randn(rows, d, generator=g) * torch.logspace(-3, 3, rows)[:, None]
-            psw = torch.randn(idx.shape[0], generator=g) if weighted else None
+            rows, lengths = 50, torch.tensor([3, 0, 17, 1, 9], device="cpu")
+            off = torch.cat([torch.zeros(1, dtype=torch.int64, device="cpu"), lengths.cumsum(0)[:-1]])
+            idx = torch.randint(0, rows, (int(lengths.sum()),), generator=g, device="cpu")
+            w = torch.randn(rows, d, generator=g, device="cpu") * torch.logspace(-3, 3, rows, device="cpu")[:, None]
+            psw = torch.randn(idx.shape[0], generator=g, device="cpu") if weighted else None
             for mode in ("sum",) if psw is not None else ("sum", "mean"):
                 if quantized:
                     table = QuantizedTable.from_float(w)
@@ -1162,7 +1170,7 @@ def _bag_exact(bag: _Bags, out2: torch.Tensor, exact_ratio: bool,
     idx, off, mode, nb, d, psw = bag.idx, bag.off, bag.mode, bag.nb, bag.d, bag.psw
     if compiled is None:
         ref_t, ref64 = _pooled(bag.checks.rowsum, idx, off, mode, nb, psw)
-        got = out2.sum(1)
+        got = out2.sum(1, dtype=torch.float64)  # (fp64, as the compiled verdicts: both orders agree)
         if not exact_ratio:
             # an overflowing norm (inf) turns its row into NaN (0 * inf), no verdict
             lb = torch.linalg.vector_norm(out2, 2, dim=1).mul_(c_lb).add_(tiny)
@@ -1189,6 +1197,8 @@ def _bag_exact(bag: _Bags, out2: torch.Tensor, exact_ratio: bool,
 
 def _bags_args(indices: torch.Tensor, offsets: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
     if indices.dim() == 2:
+        if offsets is not None:
+            raise UsageError("2-D indices are bags of equal length: they take no offsets")
         b, L = indices.shape
         return indices.reshape(-1), torch.arange(0, b * L, L, device=indices.device)
     if offsets is None:
@@ -1210,6 +1220,8 @@ def checked_embedding_bag(table: CheckedTable, indices: torch.Tensor, offsets: t
     if mode not in ("sum", "mean"):
         raise UsageError(f"checked_embedding_bag supports sum and mean pooling, got {mode!r}")
     idx, off = _bags_args(indices, offsets)
+    if per_sample_weights is not None and per_sample_weights.dim() == 2:  # (weights of 2-D indices, as torch)
+        per_sample_weights = per_sample_weights.reshape(-1)
     op, shape = f"embedding_bag_{mode}", (table.weight.shape[0], table.dim, off.shape[0])
 
     def lookup() -> torch.Tensor:

@@ -22,6 +22,7 @@ rounding allowed (the ``check_rounded`` bound of :mod:`.abft`), which is weaker.
 
 from __future__ import annotations
 
+import types
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -88,7 +89,8 @@ class _WeightCache:
 
 
 def _key(*ts: torch.Tensor | None) -> tuple[Any, ...]:
-    return tuple((t.data_ptr(), t._version, t.dtype, t.device) if t is not None else None for t in ts)
+    # (the shape too: ``weight.data = weight.data.view(...)`` keeps the pointer and the version)
+    return tuple((t.data_ptr(), t._version, t.dtype, t.device, t.shape) if t is not None else None for t in ts)
 
 
 def _linear_hooks(guard: Guard, name: str, lam: float | None, exact: bool):
@@ -111,14 +113,16 @@ def _linear_hooks(guard: Guard, name: str, lam: float | None, exact: bool):
         state.clear()
         x = inputs[0] if inputs else None
         if exact or not isinstance(x, torch.Tensor) or x.dtype != torch.float32 or not x.is_cpu or \
-                mod.weight.dtype != torch.float32 or not x.numel() or not _kernels.available():
-            return
+                mod.weight.dtype != torch.float32 or not x.numel() or x.dim() == 0 or \
+                x.shape[-1] != mod.weight.shape[1] or not _kernels.available():
+            return  # (torch reports a wrong input width)
         with torch.no_grad():
             x2 = x.detach().reshape(-1, x.shape[-1])
             run = abft._CompiledLinear(encoding(mod), x2, None, dtype=torch.float32, lam=lam,
                                        u=abft.UNIT_ROUNDOFF[torch.float32], u_out=0.0, op="linear")
             run.reference()
-            state["run"] = (x, mod.weight._version, mod.bias._version if mod.bias is not None else None, run)
+            state["run"] = (x, x._version, mod.weight._version, mod.bias._version if mod.bias is not None else None,
+                            run)
 
     def hook(mod: nn.Linear, inputs: tuple[Any, ...], output: torch.Tensor) -> None:
         prepared = state.pop("run", None)
@@ -126,12 +130,18 @@ def _linear_hooks(guard: Guard, name: str, lam: float | None, exact: bool):
         if not isinstance(x, torch.Tensor) or not isinstance(output, torch.Tensor) or not x.is_floating_point():
             return
         with torch.no_grad():
-            if prepared is not None and prepared[0] is x and prepared[1] == mod.weight._version and \
-                    prepared[2] == (mod.bias._version if mod.bias is not None else None) and \
-                    output.dtype == torch.float32 and output.is_cpu:
-                run = prepared[3]
+            if prepared is not None and prepared[0] is x and prepared[1] == x._version and \
+                    prepared[2] == mod.weight._version and \
+                    prepared[3] == (mod.bias._version if mod.bias is not None else None) and \
+                    output.dtype == torch.float32 and output.is_cpu and output.dim() and \
+                    output.shape[-1] == mod.weight.shape[0] and output.numel() == prepared[4].x2.shape[0] * output.shape[-1]:
+                run = prepared[4]
                 run.bind(output.detach().reshape(-1, output.shape[-1]))
                 guard.record(name, "linear", run.verdict(referenced=True))
+                return
+            if x.dim() == 0 or output.dim() == 0 or x.shape[-1] != mod.weight.shape[1] or \
+                    output.shape[-1] != mod.weight.shape[0] or x.shape[:-1].numel() != output.shape[:-1].numel():
+                guard.unchecked += 1  # (an output that is not this layer's product of x: nothing to check it against)
                 return
             enc = encoding(mod)
             x2 = x.detach().reshape(-1, x.shape[-1])
@@ -168,21 +178,40 @@ def _lookup_args(mod: nn.Module, inputs: tuple[Any, ...], bag: bool
     return indices, offsets, psw, getattr(mod, "mode", "sum") if bag else "none"
 
 
-class _ForwardHandle:
-    """Restores a module's own ``forward`` (see :func:`_embedding_hooks`)."""
+class _ProtectedForward:
+    """The ``forward`` of a protected EmbeddingBag, bound to its module with :class:`types.MethodType` (so
+    that a deep copy of the module calls it with the copy); once its guard is removed it passes every
+    call to the module's own ``forward``."""
 
-    def __init__(self, mod: nn.Module, forward: Any) -> None:
-        self.mod, self.forward = mod, forward
-        self.had = "forward" in mod.__dict__
-        self.saved = mod.__dict__.get("forward")
-        mod.forward = forward
+    def __init__(self, run: Any, saved: Any) -> None:
+        self.run, self.saved, self.active = run, saved, True
+
+    def __call__(self, module: nn.Module, *args: Any, **kwargs: Any) -> Any:
+        own = self.saved if self.saved is not None else type(module).forward.__get__(module)
+        return self.run(module, own, *args, **kwargs) if self.active else own(*args, **kwargs)
+
+
+class _ForwardHandle:
+    """Installs a :class:`_ProtectedForward` as a module's ``forward``; ``remove()`` turns it off and takes
+    every turned-off one off the top of the module (guards may be removed in any order)."""
+
+    def __init__(self, mod: nn.Module, run: Any) -> None:
+        self.mod = mod
+        self.forward = _ProtectedForward(run, mod.__dict__.get("forward"))
+        mod.forward = types.MethodType(self.forward, mod)
 
     def remove(self) -> None:
-        if self.mod.__dict__.get("forward") is self.forward:
-            if self.had:
-                self.mod.forward = self.saved
+        self.forward.active = False
+        mod = self.mod
+        while True:
+            top = mod.__dict__.get("forward")
+            if not (isinstance(top, types.MethodType) and isinstance(top.__func__, _ProtectedForward)
+                    and not top.__func__.active):
+                return
+            if top.__func__.saved is None:
+                del mod.forward
             else:
-                del self.mod.forward
+                mod.forward = top.__func__.saved
 
 
 def _embedding_hooks(guard: Guard, name: str, lam: float | None, bag: bool, exact: bool):
@@ -212,23 +241,25 @@ def _embedding_hooks(guard: Guard, name: str, lam: float | None, bag: bool, exac
             return None
         largs = _lookup_args(mod, inputs, bag)
         if largs is None or not isinstance(largs[0], torch.Tensor) or largs[3] not in ("sum", "mean") or \
-                (largs[0].dim() != 2 and largs[1] is None):  # (torch reports the missing offsets)
+                (largs[0].dim() == 2) == (largs[1] is not None):  # (torch reports missing or extra offsets)
             return None
         with torch.no_grad():
             idx, off = abft._bags_args(largs[0], largs[1])
+            psw = largs[2]
+            if isinstance(psw, torch.Tensor) and psw.dim() == 2:  # (the weights of 2-D indices, as torch)
+                psw = psw.reshape(-1)
             nb, d = off.shape[0], w.shape[1]
             if w.dtype is torch.float32 and mod.max_norm is None and not mod.include_last_offset:
                 ft = fused.get(_key(w), lambda: abft.fused_table(w, checks_of(w), d))
-                call = abft._FusedCall.of(ft, idx, off, largs[3], largs[2], 4.0, lam, kind, "float32", (nb, d))
+                call = abft._FusedCall.of(ft, idx, off, largs[3], psw, 4.0, lam, kind, "float32", (nb, d))
                 if call is not None:
                     return call
             u_out = abft.UNIT_ROUNDOFF[w.dtype] if w.dtype != torch.float32 else 0.0
-            return abft._CompiledBags(abft._Bags(checks_of(w), idx, off, largs[3], largs[2], nb, d, 4.0, u_out, lam,
+            return abft._CompiledBags(abft._Bags(checks_of(w), idx, off, largs[3], psw, nb, d, 4.0, u_out, lam,
                                                  kind, abft._dt(w.dtype), (nb, d)))
 
-    def forward(*args: Any, **kwargs: Any) -> Any:
+    def forward(mod: nn.Module, own: Any, *args: Any, **kwargs: Any) -> Any:
         state.clear()
-        mod = handle.mod
         inputs = _call_args(mod, args, kwargs, bag)
         prepared = prepare(mod, inputs)
         if isinstance(prepared, abft._FusedCall):
@@ -270,16 +301,10 @@ def _embedding_hooks(guard: Guard, name: str, lam: float | None, bag: bool, exac
                                          u_out=u_out, op=kind, exact_ratio=exact)
             guard.record(name, kind, rep)
 
-    handle: Any = None
-    own: Any = None
-
     def install(mod: nn.Module) -> list[Any]:
-        nonlocal handle, own
-        handles = [mod.register_forward_hook(hook, with_kwargs=True)]
+        handles: list[Any] = [mod.register_forward_hook(hook, with_kwargs=True)]
         if bag:
-            own = mod.forward
-            handle = _ForwardHandle(mod, forward)
-            handles.append(handle)
+            handles.append(_ForwardHandle(mod, forward))
         return handles
 
     return install
