@@ -89,8 +89,10 @@ class _WeightCache:
 
 
 def _key(*ts: torch.Tensor | None) -> tuple[Any, ...]:
-    # (the shape too: ``weight.data = weight.data.view(...)`` keeps the pointer and the version)
-    return tuple((t.data_ptr(), t._version, t.dtype, t.device, t.shape) if t is not None else None for t in ts)
+    # (the shape too: ``weight.data = weight.data.view(...)`` keeps the pointer and the version; the
+    # device as is_cpu and get_device(): a torch.device object costs microseconds on the hot path)
+    return tuple((t.data_ptr(), t._version, t.dtype, t.is_cpu, t.get_device(), t.shape) if t is not None else None
+                 for t in ts)
 
 
 def _linear_hooks(guard: Guard, name: str, lam: float | None, exact: bool):
@@ -116,29 +118,28 @@ def _linear_hooks(guard: Guard, name: str, lam: float | None, exact: bool):
                 mod.weight.dtype != torch.float32 or not x.numel() or x.dim() == 0 or \
                 x.shape[-1] != mod.weight.shape[1] or not _kernels.available():
             return  # (torch reports a wrong input width)
-        with torch.no_grad():
-            x2 = x.detach().reshape(-1, x.shape[-1])
-            run = abft._CompiledLinear(encoding(mod), x2, None, dtype=torch.float32, lam=lam,
-                                       u=abft.UNIT_ROUNDOFF[torch.float32], u_out=0.0, op="linear")
-            run.reference()
-            state["run"] = (x, x._version, mod.weight._version, mod.bias._version if mod.bias is not None else None,
-                            run)
+        # (detached views and NumPy only: no autograd context needed, and none entered on the hot path)
+        x2 = x.detach() if x.dim() == 2 else x.detach().reshape(-1, x.shape[-1])
+        run = abft._CompiledLinear(encoding(mod), x2, None, dtype=torch.float32, lam=lam,
+                                   u=abft.UNIT_ROUNDOFF[torch.float32], u_out=0.0, op="linear")
+        run.reference()
+        state["run"] = (x, x._version, mod.weight._version, mod.bias._version if mod.bias is not None else None, run)
 
     def hook(mod: nn.Linear, inputs: tuple[Any, ...], output: torch.Tensor) -> None:
         prepared = state.pop("run", None)
         x = inputs[0] if inputs else None
         if not isinstance(x, torch.Tensor) or not isinstance(output, torch.Tensor) or not x.is_floating_point():
             return
+        if prepared is not None and prepared[0] is x and prepared[1] == x._version and \
+                prepared[2] == mod.weight._version and \
+                prepared[3] == (mod.bias._version if mod.bias is not None else None) and \
+                output.dtype == torch.float32 and output.is_cpu and output.dim() and \
+                output.shape[-1] == mod.weight.shape[0] and output.numel() == prepared[4].x2.shape[0] * output.shape[-1]:
+            run = prepared[4]
+            run.bind(output.detach() if output.dim() == 2 else output.detach().reshape(-1, output.shape[-1]))
+            guard.record(name, "linear", run.verdict(referenced=True))
+            return
         with torch.no_grad():
-            if prepared is not None and prepared[0] is x and prepared[1] == x._version and \
-                    prepared[2] == mod.weight._version and \
-                    prepared[3] == (mod.bias._version if mod.bias is not None else None) and \
-                    output.dtype == torch.float32 and output.is_cpu and output.dim() and \
-                    output.shape[-1] == mod.weight.shape[0] and output.numel() == prepared[4].x2.shape[0] * output.shape[-1]:
-                run = prepared[4]
-                run.bind(output.detach().reshape(-1, output.shape[-1]))
-                guard.record(name, "linear", run.verdict(referenced=True))
-                return
             if x.dim() == 0 or output.dim() == 0 or x.shape[-1] != mod.weight.shape[1] or \
                     output.shape[-1] != mod.weight.shape[0] or x.shape[:-1].numel() != output.shape[:-1].numel():
                 guard.unchecked += 1  # (an output that is not this layer's product of x: nothing to check it against)
@@ -186,9 +187,12 @@ class _ProtectedForward:
     def __init__(self, run: Any, saved: Any) -> None:
         self.run, self.saved, self.active = run, saved, True
 
+    def own(self, module: nn.Module) -> Any:
+        """The ``forward`` this one replaced (the module class's, or an instance-level one)."""
+        return self.saved if self.saved is not None else type(module).forward.__get__(module)
+
     def __call__(self, module: nn.Module, *args: Any, **kwargs: Any) -> Any:
-        own = self.saved if self.saved is not None else type(module).forward.__get__(module)
-        return self.run(module, own, *args, **kwargs) if self.active else own(*args, **kwargs)
+        return self.run(module, self, *args, **kwargs) if self.active else self.own(module)(*args, **kwargs)
 
 
 class _ForwardHandle:
@@ -258,17 +262,17 @@ def _embedding_hooks(guard: Guard, name: str, lam: float | None, bag: bool, exac
             return abft._CompiledBags(abft._Bags(checks_of(w), idx, off, largs[3], psw, nb, d, 4.0, u_out, lam,
                                                  kind, abft._dt(w.dtype), (nb, d)))
 
-    def forward(mod: nn.Module, own: Any, *args: Any, **kwargs: Any) -> Any:
+    def forward(mod: nn.Module, pf: _ProtectedForward, *args: Any, **kwargs: Any) -> Any:
         state.clear()
         inputs = _call_args(mod, args, kwargs, bag)
         prepared = prepare(mod, inputs)
         if isinstance(prepared, abft._FusedCall):
-            out, rep = prepared.run(lambda: own(*args, **kwargs), check=False)
+            out, rep = prepared.run(lambda: pf.own(mod)(*args, **kwargs), check=False)
             state["fused"] = (inputs[0], prepared if rep is None else rep)
             return out
         if prepared is not None:
             state["run"] = (inputs[0], mod.weight._version, prepared)
-        return own(*args, **kwargs)
+        return pf.own(mod)(*args, **kwargs)
 
     def hook(mod: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: torch.Tensor) -> None:
         prepared = state.pop("run", None)
@@ -276,17 +280,17 @@ def _embedding_hooks(guard: Guard, name: str, lam: float | None, bag: bool, exac
         if not isinstance(output, torch.Tensor) or not output.is_floating_point():
             return
         inputs = _call_args(mod, args, kwargs, bag)
+        call = fused_call[1] if fused_call is not None and fused_call[0] is inputs[0] else None
+        if isinstance(call, abft.CheckReport):
+            guard.record(name, kind, call)
+            return
+        if call is not None and output.dtype is torch.float32 and output.is_cpu and \
+                output.shape == (call.nb, call.ft.d):
+            # the fused lookup ran: its references against the output as it is now (NumPy only: no autograd)
+            guard.record(name, kind, call.verdict(output.detach()))
+            return
         with torch.no_grad():
             w = mod.weight
-            call = fused_call[1] if fused_call is not None and fused_call[0] is inputs[0] else None
-            if isinstance(call, abft.CheckReport):
-                guard.record(name, kind, call)
-                return
-            if call is not None and output.dtype is torch.float32 and output.is_cpu and \
-                    output.shape == (call.nb, call.ft.d):
-                # the fused lookup ran: its references against the output as it is now
-                guard.record(name, kind, call.verdict(output.detach()))
-                return
             if prepared is not None and prepared[0] is inputs[0] and prepared[1] == w._version \
                     and output.dim() == 2 and output.is_cpu:
                 out2 = output.detach()
