@@ -843,3 +843,17 @@ def test_a_protected_embedding_bag_copies_restores_and_follows_its_weight():
         g1.remove()  # guards removed out of order: no protected forward stays behind
         g2.remove()
     assert "forward" not in bag.__dict__ and not g1.alarms and not g2.alarms
+
+
+def test_two_dimensional_indices_take_two_dimensional_per_sample_weights_as_torch_does():
+    torch.manual_seed(0)
+    bag = torch.nn.EmbeddingBag(30, 16, mode="sum")
+    idx, psw = torch.randint(0, 30, (4, 5)), torch.randn(4, 5)
+    with torch.no_grad():
+        want = bag(idx, per_sample_weights=psw)
+        with protect(bag) as guard:
+            assert torch.equal(bag(idx, per_sample_weights=psw), want)
+        out, rep = abft.checked_embedding_bag(abft.checked_table(bag.weight), idx, per_sample_weights=psw)
+        assert torch.equal(out, want) and not rep.alarm
+        assert not abft.verify_bag_output(want, abft.EmbeddingChecks.of(bag.weight), idx, None, "sum", psw).alarm
+    assert guard.checks == 1 and not guard.alarms
