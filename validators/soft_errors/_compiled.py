@@ -474,6 +474,12 @@ chunk128, chunk64, chunk16, chunk1 = (_row_chunk(nv, w) for nv, w in ((8, 16), (
 
 
 @jit
+def _more(g, a, bad, part):  # pragma: no cover - compiled
+    # a further column chunk's (output sum, 1-norm, out-of-range flag) added to the bag's
+    return g + part[1], a + part[2], bad + part[3]
+
+
+@jit
 def bag_lookup(lo, hi, table, idx, off, out, rowsum, psw, mean, check, c_lb, tiny, ref, got):  # pragma: no cover
     # bags [lo, hi) of out (bags x D) pooled from table (float32, or uint8 8-bit row-wise), psw None or the
     # per-sample weights; writes each bag's reference to ref and, with check, its output sum to got and
@@ -509,28 +515,16 @@ def bag_lookup(lo, hi, table, idx, off, out, rowsum, psw, mean, check, c_lb, tin
             r, g, a, bad = chunk1(table, idx, s, e, 0, out, bg, div, rowsum, psw, d, True)
             c = 1
         while c + 128 <= d and table.itemsize == 1:
-            _, g1, a1, bad1 = chunk128(table, idx, s, e, c, out, bg, div, rowsum, psw, d, False)
-            g += g1
-            a += a1
-            bad += bad1
+            g, a, bad = _more(g, a, bad, chunk128(table, idx, s, e, c, out, bg, div, rowsum, psw, d, False))
             c += 128
         while c + 64 <= d:
-            _, g1, a1, bad1 = chunk64(table, idx, s, e, c, out, bg, div, rowsum, psw, d, False)
-            g += g1
-            a += a1
-            bad += bad1
+            g, a, bad = _more(g, a, bad, chunk64(table, idx, s, e, c, out, bg, div, rowsum, psw, d, False))
             c += 64
         while c + 16 <= d:
-            _, g1, a1, bad1 = chunk16(table, idx, s, e, c, out, bg, div, rowsum, psw, d, False)
-            g += g1
-            a += a1
-            bad += bad1
+            g, a, bad = _more(g, a, bad, chunk16(table, idx, s, e, c, out, bg, div, rowsum, psw, d, False))
             c += 16
         while c < d:
-            _, g1, a1, bad1 = chunk1(table, idx, s, e, c, out, bg, div, rowsum, psw, d, False)
-            g += g1
-            a += a1
-            bad += bad1
+            g, a, bad = _more(g, a, bad, chunk1(table, idx, s, e, c, out, bg, div, rowsum, psw, d, False))
             c += 1
         if bad:
             return -1.0
@@ -549,7 +543,7 @@ def bag_lookup(lo, hi, table, idx, off, out, rowsum, psw, mean, check, c_lb, tin
 
 @jit
 def bag_out_verdict(lo, hi, out, ref, c_lb, tiny, got):  # pragma: no cover - compiled
-    # bags [lo, hi): the output sums (fp32) and the lower-bound verdict of bag_lookup (1-norm) against the
+    # bags [lo, hi): the output sums (fp64) and the lower-bound verdict of bag_lookup (1-norm) against the
     # references bag_lookup wrote (the check of a lookup whose output is verified later, as protect's hook does)
     d = out.shape[1]
     worst = 0.0

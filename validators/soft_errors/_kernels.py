@@ -40,7 +40,6 @@ infinity keep their IEEE meaning, which the verdicts rely on.
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 import warnings
 from collections.abc import Iterator
@@ -157,16 +156,6 @@ def gemm_lower(c: np.ndarray, w: np.ndarray, ref: np.ndarray, vnorm: np.ndarray,
     ``max_w |got_wi - ref_wi| / lb_i``, ``lb`` the lower-bound threshold of
     :meth:`.abft.RowChecks._lower_bound` (NaN when a value is not finite)."""
     return _run("gemm_lower", c.shape[0], c, w, ref, vnorm, factor, det, tiny, got)
-
-
-def mm_encode(a: np.ndarray, b: np.ndarray, w: np.ndarray, vt: np.ndarray, r: np.ndarray, ref: np.ndarray,
-              na: np.ndarray) -> float:
-    """The reference side of a checked ``A @ B`` in one pass over each operand: ``vt = W^T B^T`` (2 x K
-    float32), ``r = |B| e`` (K), ``ref = vt A^T`` (2 x M) and the row norms ``na`` of A (M), written to
-    the given arrays; returns ``||r||``."""
-    rn = _run("b_pass", b.shape[0], b, w, vt, r)
-    _run("a_pass", a.shape[0], a, vt, ref, na)
-    return math.sqrt(rn)
 
 
 #: the empty per-sample weights / bias argument of the kernels

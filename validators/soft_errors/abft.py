@@ -373,7 +373,7 @@ def _compiled_rows(rc: RowChecks) -> bool:
         _kernels.available()
 
 
-def _compiled_ok(*ts: torch.Tensor) -> bool:  # (two operands)
+def _compiled_ok(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Whether a checked product of these operands can take the compiled CPU verdict with its arguments
     prepared before the product.
 
@@ -382,7 +382,6 @@ def _compiled_ok(*ts: torch.Tensor) -> bool:  # (two operands)
     buffer, its NumPy view, the constants and the report are made before the product (written with
     ``out=``) and only the one kernel call is left after it. Not with autograd (``out=`` does not take it).
     """
-    a, b = ts
     return _compiled_cpu(a, b) and not (torch.is_grad_enabled() and (a.requires_grad or b.requires_grad))
 
 
@@ -700,32 +699,33 @@ class _CompiledLinear:
 
     def __init__(self, enc: LinearEncoding, x2: torch.Tensor, y2: torch.Tensor | None, *, dtype: torch.dtype,
                  lam: float | None, u: float | None, u_out: float, op: str) -> None:
-        m = x2.shape[0]
         self.enc, self.x2, self.y2 = enc, x2, y2
         self.opts = (dtype, lam, u, u_out, op)
-        self.buf = buf = np.empty((5, m))  # ref (2 rows), got (2), the input's row norms (1)
-        vt, vw, wt, consts = enc.plan(m, lam, u, u_out)
-        self.args = (0, m, x2.detach().numpy(), vt, vw, None if y2 is None else y2.detach().numpy(), wt, enc.rnorm,
-                     *consts, buf[0:2], buf[2:4], buf[4])
+        self.buf = np.empty((5, x2.shape[0]))  # ref (2 rows), got (2), the input's row norms (1)
+        self.vt, self.vw, self.wt, self.consts = enc.plan(x2.shape[0], lam, u, u_out)
+        self.x_np = x2.detach().numpy()
+        self.y_np = None if y2 is None else y2.detach().numpy()
 
     def bind(self, y2: torch.Tensor) -> None:
         """Set the output ``y2`` of a check made with ``y2=None`` (whose :meth:`reference` ran before the
         product)."""
-        self.y2 = y2
-        a = self.args
-        self.args = (*a[:5], y2.detach().numpy(), *a[6:])
+        self.y2, self.y_np = y2, y2.detach().numpy()
 
     def reference(self) -> None:
         """The pass over x alone (the reference and the input's row norms), before the product: measured
         side by side (n = 1024, this CPU) 0.9% of the Linear cheaper than reading x after it."""
-        a = self.args
-        _kernels.raw("x_pass")(a[0], a[1], a[2], a[3], a[4], a[11], a[13])
+        buf = self.buf
+        _kernels.raw("x_pass")(0, buf.shape[1], self.x_np, self.vt, self.vw, buf[0:2], buf[4])
 
     def verdict(self, exact_ratio: bool = False, *, referenced: bool = False) -> CheckReport:
         """The verdict on y (after :meth:`reference`: the pass over y alone, else over x and y)."""
-        a = self.args
-        worst = _kernels.raw("mm_exact")(a[0], a[1], a[5], a[6], a[11], a[13], *a[7:11], a[12]) if referenced \
-            else _kernels.raw("linear_exact")(*a)
+        buf, m = self.buf, self.buf.shape[1]
+        if referenced:
+            worst = _kernels.raw("mm_exact")(0, m, self.y_np, self.wt, buf[0:2], buf[4], self.enc.rnorm, *self.consts,
+                                             buf[2:4])
+        else:
+            worst = _kernels.raw("linear_exact")(0, m, self.x_np, self.vt, self.vw, self.y_np, self.wt, self.enc.rnorm,
+                                                 *self.consts, buf[0:2], buf[2:4], buf[4])
         enc, x2 = self.enc, self.x2
         dtype, lam, u, u_out, op = self.opts
         if not exact_ratio and worst <= _CLEAR:  # NaN (something not finite) falls through to the full check
@@ -1016,7 +1016,6 @@ class _CompiledBags:
         return _bag_exact(self.bag, out2, exact_ratio, (self.buf[0], self.buf[1]))
 
 
-
 @dataclass(frozen=True)
 class _FusedTable:
     """What the fused compiled lookup needs of a table, checked once per table (see :func:`fused_table`)."""
@@ -1051,9 +1050,10 @@ _INDEX_DTYPES = (torch.int64, torch.int32)
 
 
 class _FusedCall:
-    """One EmbeddingBag call by the fused compiled lookup (``bag_lookup`` of :mod:`._compiled`): the
-    lookup itself, bitwise torch's, with each bag's reference (the row sums gathered with the same
-    indices) summed in the same pass and, with ``check``, the output's sums and the verdict.
+    """One EmbeddingBag call (the bags of a :class:`_Bags`) by the fused compiled lookup (``bag_lookup`` of
+    :mod:`._compiled`): the lookup itself, bitwise torch's, with each bag's reference (the row sums
+    gathered with the same indices) summed in the same pass and, with ``check``, the output's sums and
+    the verdict.
 
     :meth:`of` returns None where torch's lookup must run instead: autograd recording, indices that are
     not a contiguous 1-D CPU int32/int64 tensor with offsets of the same dtype, per-sample weights with
@@ -1064,18 +1064,19 @@ class _FusedCall:
     within ``2^-10`` of its threshold is left to the exact path (:func:`_bag_exact`), so both agree.
     """
 
-    __slots__ = ("ft", "idx", "off", "mode", "psw", "extra", "lam", "op", "dtype", "shape", "nb", "consts", "buf")
+    __slots__ = ("ft", "bag", "consts", "buf")
 
     @classmethod
-    def of(cls, ft: _FusedTable | None, idx: torch.Tensor, off: torch.Tensor, mode: str, psw: torch.Tensor | None,
-           extra: float, lam: float | None, op: str, dtype: str, shape: tuple[int, ...]) -> _FusedCall | None:
-        if ft is None or torch._C._len_torch_dispatch_stack() or torch._C._is_torch_function_mode_enabled() or \
+    def of(cls, ft: _FusedTable | None, bag: _Bags) -> _FusedCall | None:
+        idx, off, psw = bag.idx, bag.off, bag.psw
+        if ft is None or bag.checks is not ft.checks or bag.d != ft.d or bag.u_out or off is None or \
+                torch._C._len_torch_dispatch_stack() or torch._C._is_torch_function_mode_enabled() or \
                 idx.dtype not in _INDEX_DTYPES or \
                 off.dtype != idx.dtype or idx.dim() != 1 or off.dim() != 1 or not idx.is_cpu or not off.is_cpu or \
-                not off.shape[0] or mode not in ("sum", "mean") or not idx.is_contiguous() or \
+                not bag.nb or bag.mode not in ("sum", "mean") or not idx.is_contiguous() or \
                 not off.is_contiguous() or not _kernels.available():
             return None
-        if psw is not None and (mode != "sum" or psw.dtype != torch.float32 or psw.shape != idx.shape or
+        if psw is not None and (bag.mode != "sum" or psw.dtype != torch.float32 or psw.shape != idx.shape or
                                 not psw.is_cpu or not psw.is_contiguous()):
             return None  # (torch pools strided weights with another kernel, which rounds otherwise)
         if torch.is_grad_enabled() and (ft.tensor.requires_grad or (psw is not None and psw.requires_grad)):
@@ -1083,9 +1084,7 @@ class _FusedCall:
         if not _fused_lookups_agree(ft.quantized, psw is not None):
             return None
         call = cls()
-        call.ft, call.idx, call.off, call.mode, call.psw = ft, idx, off, mode, psw
-        call.extra, call.lam, call.op, call.dtype, call.shape = extra, lam, op, dtype, shape
-        call.nb = off.shape[0]
+        call.ft, call.bag = ft, bag
         return call
 
     def run(self, lookup: Callable[[], torch.Tensor], check: bool = True) -> tuple[torch.Tensor, CheckReport | None]:
@@ -1093,43 +1092,41 @@ class _FusedCall:
         (as it is then). Where an index or offset is out of range the kernel stops and ``lookup()`` (torch's,
         which raises or pools as torch does) runs instead, with the exact verdict (at once, also without
         ``check``)."""
-        ft, nb = self.ft, self.nb
-        _, tiny, c_lb = _bag_constants(self.idx.shape[0], ft.d, self.extra, 0.0, self.lam)
-        self.buf = buf = np.empty((2, nb))  # per-bag reference and output sums
+        ft, bag = self.ft, self.bag
+        _, tiny, c_lb = bag.constants
+        self.buf = buf = np.empty((2, bag.nb))  # per-bag reference and output sums
         self.consts = (c_lb, tiny)
-        out = torch.empty((nb, ft.d), dtype=torch.float32, device="cpu")
-        worst = _kernels.raw("bag_lookup")(0, nb, ft.view, self.idx.numpy(), self.off.numpy(), out.numpy(), ft.rowsum,
-                                           None if self.psw is None else self.psw.detach().numpy(),
-                                           self.mode == "mean", check, c_lb, tiny, buf[0], buf[1])
+        out = torch.empty((bag.nb, ft.d), dtype=torch.float32, device="cpu")
+        worst = _kernels.raw("bag_lookup")(0, bag.nb, ft.view, bag.idx.numpy(), bag.off.numpy(), out.numpy(),
+                                           ft.rowsum, None if bag.psw is None else bag.psw.detach().numpy(),
+                                           bag.mode == "mean", check, c_lb, tiny, buf[0], buf[1])
         if worst == -1.0:
             out = lookup()
-            return out, _bag_exact(self._bag(), out.reshape(-1, ft.d).float(), False)
+            return out, _bag_exact(bag, out.reshape(-1, ft.d).float(), False)
         return out, self._decide(float(worst), out) if check else None
 
     def verdict(self, out2: torch.Tensor) -> CheckReport:
         """Verdict on the (bags x D) float32 output of :meth:`run` without ``check``, as it is now (a flip
         since the lookup is seen), against the references the kernel wrote."""
-        worst = _kernels.raw("bag_out_verdict")(0, self.nb, out2.detach().numpy(), self.buf[0], *self.consts,
+        worst = _kernels.raw("bag_out_verdict")(0, self.bag.nb, out2.detach().numpy(), self.buf[0], *self.consts,
                                                 self.buf[1])
         return self._decide(float(worst), out2)
 
-    def _bag(self) -> _Bags:
-        return _Bags(self.ft.checks, self.idx, self.off, self.mode, self.psw, self.nb, self.ft.d, self.extra, 0.0,
-                     self.lam, self.op, self.dtype, self.shape)
-
     def _decide(self, worst: float, out2: torch.Tensor) -> CheckReport:
+        bag = self.bag
         if worst <= _CLEAR:  # NaN (something not finite) falls through; near 1 the exact path decides
-            return CheckReport(self.op, self.dtype, False, worst, True, [], [], None, self.shape)
-        return _bag_exact(self._bag(), out2, False, (self.buf[0], self.buf[1]))
+            return CheckReport(bag.op, bag.dtype, False, worst, True, [], [], None, bag.shape)
+        return _bag_exact(bag, out2, False, (self.buf[0], self.buf[1]))
 
 
 _AGREE: dict[tuple[bool, bool], bool] = {}
 
 
 def _fused_lookups_agree(quantized: bool, weighted: bool) -> bool:
-    """Whether the fused kernel (8-bit or fp32 table, with or without per-sample weights) pools bitwise as this torch build's CPU EmbeddingBag does (sum
-    and mean, ragged and empty bags, chunks of 128, 64, 16 and single columns), checked once per process:
-    the fused path replaces torch's lookup only where it returns the very same output."""
+    """Whether the fused kernel (8-bit or fp32 table, with or without per-sample weights) pools bitwise as
+    this torch build's CPU EmbeddingBag does (sum and mean, ragged and empty bags, chunks of 128, 64, 16
+    and single columns), checked once per process: the fused path replaces torch's lookup only where it
+    returns the very same output."""
     hit = _AGREE.get((quantized, weighted))
     if hit is not None:
         return hit
@@ -1222,18 +1219,14 @@ def checked_embedding_bag(table: CheckedTable, indices: torch.Tensor, offsets: t
     idx, off = _bags_args(indices, offsets)
     if per_sample_weights is not None and per_sample_weights.dim() == 2:  # (weights of 2-D indices, as torch)
         per_sample_weights = per_sample_weights.reshape(-1)
-    op, shape = f"embedding_bag_{mode}", (table.weight.shape[0], table.dim, off.shape[0])
+    bag = _Bags(table.checks, idx, off, mode, per_sample_weights, off.shape[0], table.dim, 4.0, 0.0, lam,
+                f"embedding_bag_{mode}", "float32", (table.weight.shape[0], table.dim, off.shape[0]))
 
     def lookup() -> torch.Tensor:
         return F.embedding_bag(idx, table.weight, off, mode=mode, per_sample_weights=per_sample_weights)
 
-    call = None if exact_ratio else _FusedCall.of(table.fused(), idx, off, mode, per_sample_weights, 4.0, lam, op,
-                                                  "float32", shape)
-    if call is not None:
-        return call.run(lookup)
-    bag = _Bags(table.checks, idx, off, mode, per_sample_weights, off.shape[0], table.dim, 4.0, 0.0, lam, op,
-                "float32", shape)
-    return _checked_lookup(bag, exact_ratio, lookup)
+    call = None if exact_ratio else _FusedCall.of(table.fused(), bag)
+    return call.run(lookup) if call is not None else _checked_lookup(bag, exact_ratio, lookup)
 
 
 def _checked_lookup(bag: _Bags, exact_ratio: bool, lookup: Callable[[], torch.Tensor]
@@ -1322,12 +1315,14 @@ def checked_quantized_embedding_bag(table: QuantizedTable, indices: torch.Tensor
     if mode not in ("sum", "mean"):
         raise UsageError(f"checked_quantized_embedding_bag supports sum and mean pooling, got {mode!r}")
     idx, off = _bags_args(indices, offsets)
-    op, shape = f"embedding_bag_8bit_{mode}", (table.packed.shape[0], table.dim, off.shape[0])
-    call = None if exact_ratio else _FusedCall.of(table.fused(), idx, off, mode, None, 6.0, lam, op, "uint8", shape)
-    if call is not None:
-        return call.run(lambda: quantized_embedding_bag(table, idx, off, mode))
-    bag = _Bags(table.checks, idx, off, mode, None, off.shape[0], table.dim, 6.0, 0.0, lam, op, "uint8", shape)
-    return _checked_lookup(bag, exact_ratio, lambda: quantized_embedding_bag(table, idx, off, mode))
+    bag = _Bags(table.checks, idx, off, mode, None, off.shape[0], table.dim, 6.0, 0.0, lam, f"embedding_bag_8bit_{mode}",
+                "uint8", (table.packed.shape[0], table.dim, off.shape[0]))
+
+    def lookup() -> torch.Tensor:
+        return quantized_embedding_bag(table, idx, off, mode)
+
+    call = None if exact_ratio else _FusedCall.of(table.fused(), bag)
+    return call.run(lookup) if call is not None else _checked_lookup(bag, exact_ratio, lookup)
 
 
 def describe_thresholds() -> dict[str, Any]:

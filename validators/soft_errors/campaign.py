@@ -270,7 +270,8 @@ def embedding_trial(op: str, site: str, bit_class: str, pattern: str, seed: int,
                 orig, new = flip_bits_(packed, row * packed.shape[1] + col, bits)
                 index = row * packed.shape[1] + col
             faulty = abft.QuantizedTable(packed, table.checks, d)
-            call = abft._FusedCall.of(faulty.fused(), idx, offsets, mode, None, 6.0, None, op, "uint8", (rows, d, bags))
+            call = abft._FusedCall.of(faulty.fused(), abft._Bags(table.checks, idx, offsets, mode, None, bags, d, 6.0,
+                                                                 0.0, None, op, "uint8", (rows, d, bags)))
             out, rep = _checked_bag(call, site, lambda: abft.quantized_embedding_bag(faulty, idx, offsets, mode))
             if site == "bag_output":
                 rec = flip_tensor(out, seed=seed, site=site, name=op, bit_class=bit_class, pattern=pattern, k=k_bits)
@@ -285,8 +286,8 @@ def embedding_trial(op: str, site: str, bit_class: str, pattern: str, seed: int,
                 bits = choose_bits(torch.float32, bit_class, pattern, k_bits, rng)
                 index = row * faulty.shape[1] + col
                 orig, new = flip_bits_(faulty, index, bits)
-            call = abft._FusedCall.of(abft.fused_table(faulty, table.checks, d), idx, offsets, mode, None, 4.0, None,
-                                      op, "float32", (rows, d, bags))
+            call = abft._FusedCall.of(abft.fused_table(faulty, table.checks, d), abft._Bags(
+                table.checks, idx, offsets, mode, None, bags, d, 4.0, 0.0, None, op, "float32", (rows, d, bags)))
             out, rep = _checked_bag(call, site, lambda: F.embedding_bag(idx, faulty, offsets, mode=mode))
             if site == "bag_output":
                 rec = flip_tensor(out, seed=seed, site=site, name=op, bit_class=bit_class, pattern=pattern, k=k_bits)

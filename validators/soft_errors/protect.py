@@ -157,7 +157,7 @@ def _linear_hooks(guard: Guard, name: str, lam: float | None, exact: bool):
     return pre, hook
 
 
-def _call_args(mod: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], bag: bool) -> tuple[Any, ...]:
+def _call_args(args: tuple[Any, ...], kwargs: dict[str, Any], bag: bool) -> tuple[Any, ...]:
     """The positional ``(input, offsets, per_sample_weights)`` (EmbeddingBag) or ``(input,)`` of a call
     made with positional or keyword arguments."""
     names = ("input", "offsets", "per_sample_weights") if bag else ("input",)
@@ -253,18 +253,18 @@ def _embedding_hooks(guard: Guard, name: str, lam: float | None, bag: bool, exac
             if isinstance(psw, torch.Tensor) and psw.dim() == 2:  # (the weights of 2-D indices, as torch)
                 psw = psw.reshape(-1)
             nb, d = off.shape[0], w.shape[1]
+            u_out = abft.UNIT_ROUNDOFF[w.dtype] if w.dtype != torch.float32 else 0.0
+            checks = checks_of(w)
+            bags = abft._Bags(checks, idx, off, largs[3], psw, nb, d, 4.0, u_out, lam, kind, abft._dt(w.dtype), (nb, d))
             if w.dtype is torch.float32 and mod.max_norm is None and not mod.include_last_offset:
-                ft = fused.get(_key(w), lambda: abft.fused_table(w, checks_of(w), d))
-                call = abft._FusedCall.of(ft, idx, off, largs[3], psw, 4.0, lam, kind, "float32", (nb, d))
+                call = abft._FusedCall.of(fused.get(_key(w), lambda: abft.fused_table(w, checks, d)), bags)
                 if call is not None:
                     return call
-            u_out = abft.UNIT_ROUNDOFF[w.dtype] if w.dtype != torch.float32 else 0.0
-            return abft._CompiledBags(abft._Bags(checks_of(w), idx, off, largs[3], psw, nb, d, 4.0, u_out, lam,
-                                                 kind, abft._dt(w.dtype), (nb, d)))
+            return abft._CompiledBags(bags)
 
     def forward(mod: nn.Module, pf: _ProtectedForward, *args: Any, **kwargs: Any) -> Any:
         state.clear()
-        inputs = _call_args(mod, args, kwargs, bag)
+        inputs = _call_args(args, kwargs, bag)
         prepared = prepare(mod, inputs)
         if isinstance(prepared, abft._FusedCall):
             out, rep = prepared.run(lambda: pf.own(mod)(*args, **kwargs), check=False)
@@ -279,13 +279,13 @@ def _embedding_hooks(guard: Guard, name: str, lam: float | None, bag: bool, exac
         fused_call = state.pop("fused", None)
         if not isinstance(output, torch.Tensor) or not output.is_floating_point():
             return
-        inputs = _call_args(mod, args, kwargs, bag)
+        inputs = _call_args(args, kwargs, bag)
         call = fused_call[1] if fused_call is not None and fused_call[0] is inputs[0] else None
         if isinstance(call, abft.CheckReport):
             guard.record(name, kind, call)
             return
         if call is not None and output.dtype is torch.float32 and output.is_cpu and \
-                output.shape == (call.nb, call.ft.d):
+                output.shape == (call.bag.nb, call.ft.d):
             # the fused lookup ran: its references against the output as it is now (NumPy only: no autograd)
             guard.record(name, kind, call.verdict(output.detach()))
             return
