@@ -445,10 +445,13 @@ def _row_chunk(nv: int, width: int) -> Any:
                     builder.store(acc, accs[v])
             dv = splat(divisor)
             vec64 = ir.VectorType(f64, width)
+            with builder.if_then(builder.fcmp_ordered("!=", divisor, ir.Constant(f32, 1.0)), likely=False):
+                for v in range(nv):  # (mean pooling: x / 1 is x, so sum pooling skips the division)
+                    builder.store(builder.fdiv(builder.load(accs[v]), dv), accs[v])
             total = absolute = None
             for v in range(nv):
                 p = ptr(5, bag, builder.add(col0, ir.Constant(i64, v * width)))
-                o = builder.fdiv(builder.load(accs[v]), dv)
+                o = builder.load(accs[v])
                 builder.store(o, builder.bitcast(p, vec.as_pointer()), align=4)
                 a = call(f"llvm.fabs.v{width}f32", vec, o)
                 o64 = builder.fpext(o, vec64)
