@@ -32,7 +32,7 @@ _GROUPS = ("abft_gemm", "abft_embedding_bag", "false_positives", "detection_camp
               help="EmbeddingBag shapes of the overhead group: rows x dim, optionally x bags x bag length "
                    "(default bags 2048 of 40; quick: 100000x64,100000x128).")
 @click.option("--overhead-reps", type=click.IntRange(3), default=None,
-              help="Interleaved rounds of the overhead timing (tables: twice as many).")
+              help="Interleaved rounds of the overhead timing (tables: ten times as many).")
 @click.option("--overhead-threads", type=click.IntRange(0), default=None,
               help="CPU intra-op threads of the overhead timing (0: leave torch's setting; default 1).")
 @options.force

@@ -39,6 +39,11 @@ from .protect import protect
 #: Targets of the issue: fp32 GEMM at n >= 1024 and EmbeddingBag.
 TARGETS = {"gemm": 0.05, "embedding_bag": 0.10}
 GEMM_TARGET_MIN_N = 1024
+#: Rounds of a table comparison per ``reps``: a lookup is short and its time varies with the fresh
+#: indices of each round (the paired ratios of D=64 lookups spread by +-30% on this host), so the
+#: median needs many more rounds than a GEMM's to resolve a few percent (10 x 81 rounds: about 10 s
+#: per table shape)
+TABLE_ROUNDS = 10
 
 
 def median_interval(values: list[float], level: float = 0.95) -> tuple[float, float]:

@@ -434,8 +434,8 @@ def _group_overhead(res: Results, target: Any, seed: int, opts: dict[str, Any]) 
             shape = f"{rows}x{d}_b{bags}_l{length}"
             load0 = overhead.load_average()
             ef = overhead.EmbeddingFunctions(int(rows), int(d), int(bags), int(length), dev, seed)
-            with torch.no_grad(), target.active():  # a gather is short and noisy: twice the rounds
-                t = overhead.time_interleaved(ef.functions(), 2 * reps, device=dev, threads=threads,
+            with torch.no_grad(), target.active():  # a lookup is short and noisy: more rounds
+                t = overhead.time_interleaved(ef.functions(), overhead.TABLE_ROUNDS * reps, device=dev, threads=threads,
                                               sync=target.synchronize, prepare=ef.prepare, seed=seed)
             load1 = overhead.load_average()
             aa = t.overhead("embedding_bag_again", "embedding_bag")
