@@ -699,6 +699,24 @@ def test_the_fused_lookup_leaves_an_out_of_range_index_to_torch(index):
 
 
 @needs_kernels
+@pytest.mark.parametrize("quantized", [False, True])
+@pytest.mark.parametrize("pos", [0, 17, 150, 199])
+@pytest.mark.parametrize("index", [10**9, -(10**9), 100])
+def test_the_fused_lookup_checks_every_index_before_reading_a_row(pos, index, quantized):
+    # the compiled loop reads (and prefetches 16 ahead) without a bound of its own: one index out of
+    # range anywhere, in a later bag or the last position, sends the whole call to torch, which refuses it
+    g = torch.Generator().manual_seed(pos)
+    w = torch.randn(100, 64, generator=g)
+    idx, off = torch.randint(0, 100, (200,), generator=g), torch.arange(0, 200, 20)
+    idx[pos] = index
+    with pytest.raises(RuntimeError):
+        if quantized:
+            abft.checked_quantized_embedding_bag(abft.QuantizedTable.from_float(w), idx, off)
+        else:
+            abft.checked_embedding_bag(abft.checked_table(w), idx, off)
+
+
+@needs_kernels
 def test_torchs_lookup_runs_under_a_dispatch_mode_under_autograd_and_where_the_kernels_disagree(monkeypatch):
     g = torch.Generator().manual_seed(2)
     w = torch.randn(50, 16, generator=g)
