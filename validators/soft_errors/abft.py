@@ -35,8 +35,7 @@ evaluate this exact threshold in the same passes as the checksums: the pass over
 C computes the checksums and the verdict, in one compiled call after the product; everything that
 call needs (output buffer, views, constants, report) is prepared before the product, because right
 after a large GEMM every Python-level operation costs 10-60 us on this 2-core host. The checksums
-sum fp32 blocks of 64 and the blocks in fp64 (rounding at most that of a 64-term fp32 sum, under the
-``log2`` budget for N >= 64 in practice). A row whose compiled ratio is above ``1 - 2^-10`` goes to the
+sum the exact fp64 products in fp64 (rounding ~N 2^-53, far under the ``log2`` budget). A row whose compiled ratio is above ``1 - 2^-10`` goes to the
 NumPy path below, which then decides with its own norms, so both paths always agree.
 
 Elsewhere (and for :func:`verify_gemm` on an :func:`encode_gemm` encoding) the threshold is evaluated
