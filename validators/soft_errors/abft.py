@@ -70,10 +70,12 @@ and bag lengths are gathered only for calls where a bag fails that (see :func:`v
 On the CPU, without autograd, the lookup itself is a compiled kernel (:class:`_FusedCall`, ``bag_lookup``
 of :mod:`._compiled`): it returns torch's output bitwise (checked against this torch build once per
 process) and gathers the row sums, sums each bag's output and takes the verdict, with the output's
-1-norm, in the same pass, the accumulators in registers. Its lookup alone is as fast as torch's
-(fbgemm's) here; the row-sum gather still costs one more cache line per index: +8-12% of a 100000 x 64
-fp32 lookup and ~+20% of an 8-bit one measured in the kernel, +6% with a 128 KB row-sum table and +3%
-with a 16 KB one (the footprint, not the arithmetic, is the cost). Elsewhere, or with autograd, torch's
+1-norm, in the same pass, the accumulators in registers. Its lookup alone is 2-8% faster than torch's
+(fbgemm's) here; the reference costs the rest, measured with 2001 paired rounds on a 100000 x 64 fp32
+table (2026-11-23): the fused lookup +17-21% over torch's, of which ~10% are the three instructions per
+index that gather and add the row sum even when it is always in L1 (the loop's speed follows the
+instructions it has in flight per index), ~4% the per-bag output sum and 1-norm, and ~8-10% the row-sum
+table's footprint (a 1-byte-per-row table gains ~2%; fp64 row sums, 800 KB, lose 4-14%). Elsewhere, or with autograd, torch's
 lookup runs and the gather, sums and verdict follow in one compiled pass (``bag_verdict``) or in a
 few device operations. Two layouts that look cheaper were measured
 slower or blind on this CPU: checksum columns appended to the fp32 rows (``[W | W1 | |W|1]``, one
