@@ -70,24 +70,30 @@ def exact_verdict(got, ref, na, rnorm, factor, det, tiny, lo, hi):  # pragma: no
 
 
 @jit
+def row_sums(a, i, w, extra):  # pragma: no cover - compiled
+    # (sum_j a_ij w_0j, sum_j a_ij w_1j, sum_j |a_ij| (extra 1) or a_ij^2 (extra 2) or 0) of row i: one row at
+    # a time, each product of two fp32 values exact in fp64 and summed in fp64 (LLVM vectorizes the sums over
+    # 8-lane fp64 accumulators); 30-40% faster on a cold 4 MB operand than four rows at a time in fp32
+    # blocks summed in fp64, and more accurate
+    s0 = s1 = e = 0.0
+    for j in range(a.shape[1]):
+        x = np.float64(a[i, j])
+        s0 += x * w[0, j]
+        s1 += x * w[1, j]
+        if extra == 1:
+            e += abs(x)
+        elif extra == 2:
+            e += x * x
+    return s0, s1, e
+
+
+@jit
 def b_pass(lo, hi, b, w, vt, r):  # pragma: no cover - compiled
-    # rows [lo, hi) of B: vt = W^T B^T (fp32), r = |B| e; returns sum r_k^2 over the range. Like the other
-    # passes: one row at a time, each product of two fp32 values exact in fp64 and summed in fp64 (LLVM
-    # vectorizes the sums over 8-lane fp64 accumulators); 30-40% faster on a cold 4 MB operand than four
-    # rows at a time in fp32 blocks summed in fp64, and more accurate
-    n = b.shape[1]
+    # rows [lo, hi) of B: vt = W^T B^T (fp32), r = |B| e; returns sum r_k^2 over the range
     rn = 0.0
     for i in range(lo, hi):
-        s0 = s1 = e = 0.0
-        for j in range(n):
-            x = np.float64(b[i, j])
-            s0 += x * w[0, j]
-            s1 += x * w[1, j]
-            e += abs(x)
-        vt[0, i] = s0
-        vt[1, i] = s1
-        r[i] = e
-        rn += e * e
+        vt[0, i], vt[1, i], r[i] = row_sums(b, i, w, 1)
+        rn += r[i] * r[i]
     return rn
 
 
@@ -96,14 +102,8 @@ def x_pass(lo, hi, a, vt, vw, ref, na):  # pragma: no cover - compiled
     # rows [lo, hi) of A (the input x of a Linear): ref = vt A^T (+ vw, the bias column, where vw is not
     # empty), na_i = ||[a_i | 1]|| (||a_i|| without a bias)
     bias = vw.shape[0] > 0
-    n = a.shape[1]
     for i in range(lo, hi):
-        s0 = s1 = q = 0.0
-        for j in range(n):
-            x = np.float64(a[i, j])
-            s0 += x * vt[0, j]
-            s1 += x * vt[1, j]
-            q += x * x
+        s0, s1, q = row_sums(a, i, vt, 2)
         if bias:
             s0 += vw[0]
             s1 += vw[1]
@@ -122,15 +122,8 @@ def a_pass(lo, hi, a, vt, ref, na):  # pragma: no cover - compiled
 @jit
 def c_pass(lo, hi, c, w, got):  # pragma: no cover - compiled
     # rows [lo, hi) of C: got = W^T C^T
-    n = c.shape[1]
     for i in range(lo, hi):
-        s0 = s1 = 0.0
-        for j in range(n):
-            x = np.float64(c[i, j])
-            s0 += x * w[0, j]
-            s1 += x * w[1, j]
-        got[0, i] = s0
-        got[1, i] = s1
+        got[0, i], got[1, i], _ = row_sums(c, i, w, 0)
     return 0.0
 
 
@@ -214,7 +207,7 @@ def _row_chunk(nv: int, width: int) -> Any:
     so the output is bitwise torch's (and checked to be, see :func:`.abft._fused_lookups_agree`). The
     chunk's cache lines of the row ``PREFETCH`` indices ahead are prefetched. A ``summing`` chunk (a
     literal) also returns the bag's reference ``sum_i rowsum[j_i] (* psw[i])`` in fp64 and prefetches the
-    row sums (and the scale and bias). Returns ``(reference, output sum, output 1-norm, 0)``. The indices
+    row sums (and the scale and bias). Returns ``(reference, output sum, output 1-norm)``. The indices
     are not checked here (each check is two instructions more per index: at ~20 per index in a loop whose
     speed is the number of rows it has in flight, 10% of a lookup): :func:`bag_lookup` checks them all first.
     """
@@ -225,7 +218,7 @@ def _row_chunk(nv: int, width: int) -> Any:
     def chunk(typingctx, table, idx, s, e, c0, out, b, div, rowsum, psw, dcodes, summing):
         if not isinstance(summing, types.BooleanLiteral):
             return None
-        sig = types.UniTuple(types.float64, 4)(table, idx, s, e, c0, out, b, div, rowsum, psw, dcodes, summing)
+        sig = types.UniTuple(types.float64, 3)(table, idx, s, e, c0, out, b, div, rowsum, psw, dcodes, summing)
         quantized = table.dtype == types.uint8
         weighted = not isinstance(psw, types.NoneType)
         sums = summing.literal_value
@@ -342,8 +335,7 @@ def _row_chunk(nv: int, width: int) -> Any:
             mag = call(f"llvm.vector.reduce.fadd.v{width}f32", f32, ir.Constant(f32, 0.0), absolute,
                        fastmath=("reassoc",))
             return context.make_tuple(builder, signature.return_type,
-                                      [builder.load(ref), got, builder.fpext(mag, f64),
-                                       ir.Constant(f64, 0.0)])
+                                      [builder.load(ref), got, builder.fpext(mag, f64)])
 
         return sig, codegen
 
@@ -366,9 +358,9 @@ def indices_in(idx, rows):  # pragma: no cover - compiled
 
 
 @jit
-def _more(g, a, bad, part):  # pragma: no cover - compiled
-    # a further column chunk's (output sum, 1-norm, out-of-range flag) added to the bag's
-    return g + part[1], a + part[2], bad + part[3]
+def _more(g, a, part):  # pragma: no cover - compiled
+    # a further column chunk's (output sum, 1-norm) added to the bag's
+    return g + part[1], a + part[2]
 
 
 @jit
@@ -392,36 +384,34 @@ def bag_lookup(lo, hi, table, idx, off, out, rowsum, psw, mean, check, c_lb, tin
         if s < 0 or e > n or s > e:
             return -1.0
         div = np.float32(e - s) if mean and e > s else np.float32(1.0)
-        r = g = a = bad = 0.0
+        r = g = a = 0.0
         c = 0
         # (chunks of 128 columns only for 8-bit rows: with float32 rows two chunks of 64 are faster, 8.7% of
         # a 100000 x 128 lookup measured on this host)
         if d >= 128 and table.itemsize == 1:  # the first chunk also sums the reference
-            r, g, a, bad = chunk128(table, idx, s, e, 0, out, bg, div, rowsum, psw, d, True)
+            r, g, a = chunk128(table, idx, s, e, 0, out, bg, div, rowsum, psw, d, True)
             c = 128
         elif d >= 64:
-            r, g, a, bad = chunk64(table, idx, s, e, 0, out, bg, div, rowsum, psw, d, True)
+            r, g, a = chunk64(table, idx, s, e, 0, out, bg, div, rowsum, psw, d, True)
             c = 64
         elif d >= 16:
-            r, g, a, bad = chunk16(table, idx, s, e, 0, out, bg, div, rowsum, psw, d, True)
+            r, g, a = chunk16(table, idx, s, e, 0, out, bg, div, rowsum, psw, d, True)
             c = 16
         elif d >= 1:
-            r, g, a, bad = chunk1(table, idx, s, e, 0, out, bg, div, rowsum, psw, d, True)
+            r, g, a = chunk1(table, idx, s, e, 0, out, bg, div, rowsum, psw, d, True)
             c = 1
         while c + 128 <= d and table.itemsize == 1:
-            g, a, bad = _more(g, a, bad, chunk128(table, idx, s, e, c, out, bg, div, rowsum, psw, d, False))
+            g, a = _more(g, a, chunk128(table, idx, s, e, c, out, bg, div, rowsum, psw, d, False))
             c += 128
         while c + 64 <= d:
-            g, a, bad = _more(g, a, bad, chunk64(table, idx, s, e, c, out, bg, div, rowsum, psw, d, False))
+            g, a = _more(g, a, chunk64(table, idx, s, e, c, out, bg, div, rowsum, psw, d, False))
             c += 64
         while c + 16 <= d:
-            g, a, bad = _more(g, a, bad, chunk16(table, idx, s, e, c, out, bg, div, rowsum, psw, d, False))
+            g, a = _more(g, a, chunk16(table, idx, s, e, c, out, bg, div, rowsum, psw, d, False))
             c += 16
         while c < d:
-            g, a, bad = _more(g, a, bad, chunk1(table, idx, s, e, c, out, bg, div, rowsum, psw, d, False))
+            g, a = _more(g, a, chunk1(table, idx, s, e, c, out, bg, div, rowsum, psw, d, False))
             c += 1
-        if bad:
-            return -1.0
         if mean and e - s > 1:
             r /= e - s
         ref[bg] = r

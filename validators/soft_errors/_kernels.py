@@ -25,10 +25,11 @@ a host with many cores the torch path's multi-threaded BLAS passes (``MYSTIQUE_N
 the faster one, which is not measured here.
 The GEMM passes read one row at a time and sum its products (exact in fp64: two fp32 factors) in fp64
 over vectorized lanes: on a cold 4 MB operand 30-40% faster here than the four-rows-at-a-time fp32
-blocks they replaced (222-242 us against 268-377 us per pass, 1024 x 1024), and more accurate. The kernels return the largest ratio, NaN where a value is not finite, and -1 (EmbeddingBag)
-where an index or offset is out of range; the caller then takes the NumPy/torch verdict, which also
-locates an alarm, reusing the checksums the kernel wrote. A kernel's verdict is therefore only ever
-"clean", and the tests check it against the exact path on random and corrupted data.
+blocks they replaced (222-242 us against 268-377 us per pass, 1024 x 1024), and more accurate. The
+kernels return the largest ratio, NaN where a value is not finite, and -1 (EmbeddingBag) where an
+index or offset is out of range; the caller then takes the NumPy/torch verdict, which also locates an
+alarm, reusing the checksums the kernel wrote. A kernel's verdict is therefore only ever "clean", and
+the tests check it against the exact path on random and corrupted data.
 
 Numba compiles the kernels on first use (4-6 s in all here, once: they are cached on disk next to
 :mod:`._compiled` or in Numba's user cache, and load in about a second). Where Numba cannot be
