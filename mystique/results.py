@@ -45,8 +45,14 @@ COLUMNS: tuple[str, ...] = (
     "status",
     "detail",
 )
-SUITES: tuple[str, ...] = ("capture", "replay", "numerics", "soft_errors", "correctness", "onnx", "distributed")
-STATUSES: tuple[str, ...] = ("pass", "fail", "skip", "error")
+SUITES: tuple[str, ...] = (
+    "capture", "replay", "numerics", "soft_errors", "correctness", "onnx", "distributed", "performance", "selftest",
+)
+# Checks end pass, fail, inconclusive (a timing interval straddling its band), skip or error; a
+# measurement (a PVF, a trial count, a time, a bandwidth) is `info`: shown, never counted as a check.
+STATUSES: tuple[str, ...] = ("pass", "fail", "inconclusive", "skip", "error", "info")
+CHECK_STATUSES: tuple[str, ...] = ("pass", "fail", "inconclusive", "skip", "error")
+BAD_STATUSES: tuple[str, ...] = ("fail", "inconclusive", "error")
 _SNAKE = re.compile(r"^[a-z0-9]+(_[a-z0-9]+)*$")
 
 
@@ -214,8 +220,52 @@ def read_csv(paths: str | os.PathLike | Sequence[str | os.PathLike]) -> pd.DataF
     return concat(frames)
 
 
+@dataclass(frozen=True)
+class Counts:
+    """How a results table reads to a person: checks (not measurements), failures, measurements."""
+
+    checks: int  # rows with a verdict: pass, fail, inconclusive, error (skips are counted apart)
+    failed: int  # fail + error + inconclusive
+    inconclusive: int
+    skipped: int
+    measurements: int  # info rows
+
+    @property
+    def line(self) -> str:
+        """``N checks, M failed, K measurements`` (with skips and inconclusive ones when any)."""
+        extra = "".join([f" ({self.inconclusive} inconclusive)" if self.inconclusive else ""])
+        skipped = f", {self.skipped} skipped" if self.skipped else ""
+        return f"{self.checks} checks, {self.failed} failed{extra}{skipped}, {self.measurements} measurements"
+
+
+def counts(df: pd.DataFrame) -> Counts:
+    status = df["status"] if len(df) else pd.Series([], dtype=str)
+    n = {s: int((status == s).sum()) for s in STATUSES}
+    return Counts(
+        checks=n["pass"] + n["fail"] + n["inconclusive"] + n["error"],
+        failed=n["fail"] + n["error"] + n["inconclusive"],
+        inconclusive=n["inconclusive"],
+        skipped=n["skip"],
+        measurements=n["info"],
+    )
+
+
+NOTHING_CHECKED = 3  # exit code of a run in which no row carries a verdict (every row skipped or info)
+
+
 def exit_code(df: pd.DataFrame) -> int:
-    """0 when every row passed or was skipped, 1 when any failed or errored."""
-    if len(df) and df["status"].isin(("fail", "error")).any():
+    """1 when any check failed, errored or was inconclusive; 3 when nothing was checked (every
+    row skipped or a measurement, or no row); else 0."""
+    c = counts(df)
+    if c.failed:
         return 1
+    if not c.checks:
+        return NOTHING_CHECKED
     return 0
+
+
+def nothing_checked_line(df: pd.DataFrame) -> str:
+    """The one line said when :func:`exit_code` is 3."""
+    c = counts(df)
+    return (f"nothing was checked: {c.skipped} skipped, {c.measurements} measurements, no check with a verdict "
+            "(see the skip reasons in results.csv)")

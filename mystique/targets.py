@@ -39,11 +39,19 @@ class Target:
     device: str = "cpu"
     mode_factory: ModeFactory | None = None
     inject: str | None = None
+    emulate: str | None = None  # a profile of mystique.emulation: a foreign device's legal differences
 
     @property
     def label(self) -> str:
-        """Device string as results rows show it: ``cuda:0`` or ``cpu+bitflip:rate=1e-3``."""
-        return f"{self.device}+{self.inject}" if self.inject else self.device
+        """Device string as results rows show it: ``cuda:0``, ``cpu+bitflip:rate=1e-3``,
+        ``cpu[emulate=cuda]+bitflip``."""
+        base = f"{self.device}[emulate={self.emulate}]" if self.emulate else self.device
+        return f"{base}+{self.inject}" if self.inject else base
+
+    @property
+    def device_type(self) -> str:
+        """The device type the code under test behaves as: the emulated one where emulating."""
+        return self.emulate or self.device.split(":")[0]
 
     @property
     def torch_device(self):
@@ -54,22 +62,32 @@ class Target:
     @contextlib.contextmanager
     def active(self) -> Iterator[None]:
         """Run the enclosed operators as the device under test (the injected mode, if any)."""
-        if self.mode_factory is None:
-            yield
-            return
-        mode = self.mode_factory()
-        with mode:
+        with contextlib.ExitStack() as stack:
+            if self.emulate:  # outermost: a fault acts on top of the (emulated) device's own kernels
+                from . import emulation
+
+                stack.enter_context(emulation.make_mode(self.emulate))
+            if self.mode_factory is not None:
+                stack.enter_context(self.mode_factory())
             yield
 
     def synchronize(self) -> None:
         synchronize(self.device)
 
     def info(self) -> DeviceInfo:
-        return device_info(self.device)
+        info = device_info(self.device)
+        if self.emulate:
+            return DeviceInfo(info.device, f"{info.name} (emulating {self.emulate})", info.capability,
+                              info.memory_bytes)
+        return info
 
     def without_mode(self) -> Target:
-        """The same device with nothing injected: the reference side of a comparison."""
-        return Target(self.device)
+        """The same device with no fault injected: the reference side of a comparison.
+
+        An emulation stays: it stands for the device itself, whose own healthy kernels are the
+        reference on a real accelerator too.
+        """
+        return Target(self.device, emulate=self.emulate)
 
 
 def synchronize(device: str) -> None:
@@ -123,11 +141,16 @@ def resolve_inject(spec: str) -> ModeFactory:
     return import_callable(head, tail, f"--inject {spec!r}")
 
 
-def make_target(device: str = "cpu", inject: str | None = None) -> Target:
-    """Build a Target from CLI-style strings, validating both."""
+def make_target(device: str = "cpu", inject: str | None = None, emulate: str | None = None) -> Target:
+    """Build a Target from CLI-style strings, validating each (UsageError, exit 2)."""
     device = check_device(device)
     factory = resolve_inject(inject) if inject else None
-    return Target(device, factory, inject.strip() if inject else None)
+    if emulate:
+        from . import emulation
+
+        emulate = emulate.strip()
+        emulation.differences(emulate)  # an unknown profile is refused before anything runs
+    return Target(device, factory, inject.strip() if inject else None, emulate or None)
 
 
 def _cpu_name() -> str:

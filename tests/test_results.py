@@ -58,7 +58,27 @@ def test_exit_code_zero_when_only_pass_and_skip():
     res.add("replay_coverage", "b", "coverage", 1.0, status="pass")
     res.add("replay_step_time_ratio", "b", "ratio", None, status="skip", detail="original unknown")
     assert results.exit_code(res.frame()) == 0
-    assert results.exit_code(results.to_frame([])) == 0
+
+
+def test_nothing_checked_exits_3_and_measurements_are_not_checks():
+    res = results.Results(CTX, "soft_errors")
+    res.add("pvf", "dlrm", "pvf", 0.12, status="info")
+    res.add("abft_gemm", "mm", "ratio", None, status="skip", detail="no kernel")
+    assert results.exit_code(res.frame()) == results.NOTHING_CHECKED == 3
+    assert results.exit_code(results.to_frame([])) == 3
+    c = results.counts(res.frame())
+    assert (c.checks, c.failed, c.skipped, c.measurements) == (0, 0, 1, 1)
+    res.add("abft_gemm", "mm", "ratio", 0.5, threshold=1.0, status="pass")
+    assert results.exit_code(res.frame()) == 0
+    assert results.counts(res.frame()).line == "1 checks, 0 failed, 1 skipped, 1 measurements"
+
+
+def test_inconclusive_fails_the_run():
+    res = results.Results(CTX, "replay")
+    res.add("replay_coverage", "b", "coverage", 1.0, status="pass")
+    res.add("replay_step_time_ratio", "b", "ratio", 1.04, status="inconclusive", detail="[0.97, 1.12] straddles")
+    assert results.exit_code(res.frame()) == 1
+    assert results.counts(res.frame()).inconclusive == 1
 
 
 @settings(max_examples=40, deadline=None)

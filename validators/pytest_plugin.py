@@ -57,6 +57,7 @@ class QualState:
 
     device: str
     inject: str | None
+    emulate: str | None
     level: str
     seed: int
     report_dir: Path | None
@@ -98,6 +99,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--mystique-inject", default=None, metavar="SPEC",
                     help="Dispatch mode active on the device under test: a built-in fault simulation "
                          "NAME[:k=v,...] (`mystique faults`) or package.module:factory.")
+    group.addoption("--mystique-emulate", default=None, metavar="PROFILE",
+                    help="Run the device under test as an emulated foreign device (its legal numerics "
+                         "differences reproduced here; profiles: cuda).")
     group.addoption("--mystique-level", default="quick", choices=("quick", "full"),
                     help="quick: every boot (minutes); full: acceptance (default: quick).")
     group.addoption("--mystique-seed", default=0, type=int, metavar="N",
@@ -146,7 +150,8 @@ def pytest_configure(config: pytest.Config) -> None:
             config.addinivalue_line("markers", f"{marker_name(name)}: qualification checks of validator {name}")
     report_dir = config.getoption("mystique_report_dir")
     state = QualState(
-        device=device, inject=config.getoption("mystique_inject"), level=config.getoption("mystique_level"),
+        device=device, inject=config.getoption("mystique_inject"), emulate=config.getoption("mystique_emulate"),
+        level=config.getoption("mystique_level"),
         seed=config.getoption("mystique_seed"), report_dir=Path(report_dir) if report_dir else None,
         validators=validators,
     )
@@ -157,7 +162,7 @@ def pytest_configure(config: pytest.Config) -> None:
     from mystique.targets import make_target
 
     try:
-        state.target = make_target(device, state.inject)
+        state.target = make_target(device, state.inject, state.emulate)
     except UsageError as exc:
         raise pytest.UsageError(f"mystique: {exc}") from exc
     except EnvironmentUnsupported as exc:
@@ -244,10 +249,10 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
         return
     state = config.stash[STATE_KEY]
     df = collected_rows(state)
-    counts = df["status"].value_counts().to_dict() if len(df) else {}
-    parts = ", ".join(f"{counts[s]} {s}" for s in ("pass", "fail", "error", "skip") if counts.get(s))
+    from mystique.results import counts
+
     terminalreporter.section("mystique qualification")
-    terminalreporter.write_line(f"{state.target.label}: {len(df)} checks" + (f" ({parts})" if parts else ""))
+    terminalreporter.write_line(f"{state.target.label}: {counts(df).line}")
     if state.written:
         terminalreporter.write_line(f"results: {state.shown(state.report_dir / 'results.csv')}")
     if state.report_html is not None:
@@ -363,7 +368,9 @@ def format_failure(validator: str, group: str, df: Any, seed: int, target_label:
 
     Each row line reads ``status check [subject, dtype]: metric = value unit vs threshold -- detail``.
     """
-    bad = df[df["status"].isin(("fail", "error"))]
+    from mystique.results import BAD_STATUSES
+
+    bad = df[df["status"].isin(BAD_STATUSES)]
     lines = [f"{len(bad)} of {len(df)} checks of {validator}::{group} failed on {target_label} (seed {seed}):"]
     for _, row in bad.iterrows():
         where = ", ".join(x for x in (row["subject"], row["dtype"]) if x)
@@ -414,7 +421,9 @@ class CheckGroupItem(pytest.Item):
             raise QualificationFailure(
                 f"{self.validator}::{self.group} returned a table outside the results schema: {exc}") from exc
         state.frames.append(df)
-        n_bad = int(df["status"].isin(("fail", "error")).sum())
+        from mystique.results import BAD_STATUSES
+
+        n_bad = int(df["status"].isin(BAD_STATUSES).sum())
         self.user_properties += [("device", state.target.label), ("seed", state.seed),
                                  ("checks", len(df)), ("failed", n_bad)]
         if len(df) == 0:

@@ -26,6 +26,7 @@ _PYTEST_OK, _PYTEST_FAILED, _PYTEST_INTERRUPTED, _PYTEST_INTERNAL, _PYTEST_USAGE
 
 
 def pytest_args(stage: Path, *, device: str, inject: str | None, level: str, seed: int,
+                emulate: str | None = None,
                 validators: Sequence[str] | None = None, keyword: str | None = None,
                 quiet: bool = False, shown_as: str | os.PathLike | None = None) -> list[str]:
     """The command line of the inner pytest session, isolated from the caller's project.
@@ -44,6 +45,8 @@ def pytest_args(stage: Path, *, device: str, inject: str | None, level: str, see
         args += ["-p", "mystique.validators.pytest_plugin"]
     if inject:
         args += ["--mystique-inject", inject]
+    if emulate:
+        args += ["--mystique-emulate", emulate]
     if validators:
         args += ["--mystique-validators", ",".join(validators)]
     if keyword:
@@ -60,12 +63,20 @@ class Outcome:
     """What a qualification run ended with: its exit code, row counts and the files written."""
 
     exit_code: int
-    checks: int
-    failed: int
+    counts: results.Counts
     files: tuple[str, ...]
 
+    @property
+    def checks(self) -> int:
+        return self.counts.checks
 
-def qualify(output: str | os.PathLike, *, device: str = "cpu", inject: str | None = None, level: str = "quick",
+    @property
+    def failed(self) -> int:
+        return self.counts.failed
+
+
+def qualify(output: str | os.PathLike, *, device: str = "cpu", inject: str | None = None,
+            emulate: str | None = None, level: str = "quick",
             seed: int = 0, force: bool = False, validators: Sequence[str] | None = None,
             keyword: str | None = None, quiet: bool = False) -> Outcome:
     """Qualify ``device`` (with ``inject`` active on it); write ``output``; return the :class:`Outcome`.
@@ -80,9 +91,9 @@ def qualify(output: str | os.PathLike, *, device: str = "cpu", inject: str | Non
     if level not in ("quick", "full"):
         raise UsageError(f"unknown level {level!r}; expected quick or full")
     check_output_dir(output, force)
-    make_target(device, inject)  # bad input and absent devices are reported before anything runs
+    make_target(device, inject, emulate)  # bad input and absent devices are reported before anything runs
     with staged_output_dir(output, force) as stage:
-        rc = int(pytest.main(pytest_args(stage, device=device, inject=inject, level=level, seed=seed,
+        rc = int(pytest.main(pytest_args(stage, device=device, inject=inject, emulate=emulate, level=level, seed=seed,
                                          validators=validators, keyword=keyword, quiet=quiet,
                                          shown_as=output)))
         csv = stage / "results.csv"
@@ -100,7 +111,8 @@ def qualify(output: str | os.PathLike, *, device: str = "cpu", inject: str | Non
             raise EnvironmentUnsupported(
                 "no qualification check could run here: every validator is unavailable or skipped"
             )
-    code = max(int(rc == _PYTEST_FAILED), results.exit_code(df))
-    n_fail = int(df["status"].isin(("fail", "error")).sum())
+    code = results.exit_code(df)
+    if rc == _PYTEST_FAILED:
+        code = 1
     files = tuple(p for p in ("results.csv", "report.html", "junit.xml") if (Path(output) / p).exists())
-    return Outcome(code, len(df), n_fail, files)
+    return Outcome(code, results.counts(df), files)

@@ -89,6 +89,6 @@ def demo_cmd(output, config, names, modes, validator_list, iters, seed, force) -
         all_results = sorted(stage.rglob("results.csv"))
         merged = results.concat([results.read_csv(p) for p in all_results])
         render_report([str(p) for p in all_results], str(stage / "report.html"), title="Mystique Suite demo")
-    n_fail = int(merged["status"].isin(("fail", "error")).sum())
-    click.echo(f"{len(merged)} checks, {n_fail} failed; report: {output}/report.html")
-    return results.exit_code(merged)
+    from .cmd_validate import verdict
+
+    return verdict(merged, f"report: {output}/report.html")

@@ -11,13 +11,14 @@ from . import cli, options
 @options.output_dir
 @options.device
 @options.inject
+@options.emulate
 @options.level
 @options.seed
 @click.option("--validators", default=None, metavar="NAMES",
               help="Comma-separated validators to run (default: numerics,soft_errors,correctness).")
 @click.option("-k", "keyword", default=None, metavar="EXPR", help="Only the checks matching this pytest -k expression.")
 @options.force
-def qualify_cmd(output, device, inject, level, seed, validators, keyword, force) -> int:
+def qualify_cmd(output, device, inject, emulate, level, seed, validators, keyword, force) -> int:
     """Qualify the device: every validator's checks as pytest items; writes OUT_DIR/results.csv,
     report.html and junit.xml.
 
@@ -30,8 +31,12 @@ def qualify_cmd(output, device, inject, level, seed, validators, keyword, force)
     from ..validators.qualify import qualify
 
     names = [v.strip() for v in validators.split(",") if v.strip()] if validators else None
-    outcome = qualify(output, device=device, inject=inject, level=level, seed=seed, force=force,
+    outcome = qualify(output, device=device, inject=inject, emulate=emulate, level=level, seed=seed, force=force,
                       validators=names, keyword=keyword)
-    click.echo(f"mystique qualify: {outcome.checks} checks, {outcome.failed} failed; "
-               f"{', '.join(outcome.files)} in {output}")
+    from .. import results
+
+    click.echo(f"mystique qualify: {outcome.counts.line}; {', '.join(outcome.files)} in {output}")
+    if outcome.exit_code == results.NOTHING_CHECKED:
+        click.echo("mystique: error: nothing was checked: every qualification row was skipped or a measurement",
+                   err=True)
     return outcome.exit_code

@@ -16,7 +16,7 @@ def validate() -> None:
 
 
 def run_validator(run: Callable[..., Any], output: str, force: bool, device: str, inject: str | None,
-                  **opts: Any) -> int:
+                  emulate: str | None = None, **opts: Any) -> int:
     """Build the Target, run the validator, write results.csv atomically, return the exit code.
 
     ``run(target, out_dir=<staging dir>, **opts)`` returns the results DataFrame; it may write
@@ -27,10 +27,23 @@ def run_validator(run: Callable[..., Any], output: str, force: bool, device: str
     from ..targets import make_target
 
     check_output_dir(output, force)
-    target = make_target(device, inject)
+    target = make_target(device, inject, emulate)
     with staged_output_dir(output, force) as stage:
         df = run(target, out_dir=stage, **opts)
         results.write_csv(df, stage / "results.csv")
-    n_fail = int(df["status"].isin(("fail", "error")).sum())
-    click.echo(f"{len(df)} checks, {n_fail} failed; results in {output}/results.csv")
-    return results.exit_code(df)
+    return verdict(df, f"results in {output}/results.csv")
+
+
+def verdict(df: Any, where: str) -> int:
+    """Say ``N checks, M failed, K measurements; WHERE`` and return the exit code of ``df``.
+
+    A run in which nothing was checked (every row skipped or a measurement) says so on stderr and
+    exits 3: it proves nothing about the device.
+    """
+    from .. import results
+
+    click.echo(f"{results.counts(df).line}; {where}")
+    code = results.exit_code(df)
+    if code == results.NOTHING_CHECKED:
+        click.echo(f"mystique: error: {results.nothing_checked_line(df)}", err=True)
+    return code

@@ -14,6 +14,7 @@ _GROUPS = ("operator_replay", "workload_output", "repeatability")
 @options.output_dir
 @options.device
 @options.inject
+@options.emulate
 @options.level
 @options.seed
 @click.option("--benchmark", "benchmark", default=None, metavar="BENCH_DIR",
@@ -30,7 +31,7 @@ _GROUPS = ("operator_replay", "workload_output", "repeatability")
               help="CPU threads while validating (0 keeps torch's setting, e.g. to qualify multi-threaded CPU "
                    "kernels).")
 @options.force
-def correctness_cmd(output, device, inject, level, seed, benchmark, reference_device, groups, workloads, threads,
+def correctness_cmd(output, device, inject, emulate, level, seed, benchmark, reference_device, groups, workloads, threads,
                     force) -> int:
     """Compare every operator of a benchmark on the device with a reference device; writes OUT_DIR/results.csv.
 
@@ -45,4 +46,4 @@ def correctness_cmd(output, device, inject, level, seed, benchmark, reference_de
             "reference_device": reference_device, "threads": threads or None}
     if workloads:
         opts["workloads"] = workloads
-    return run_validator(correctness.run, output, force, device, inject, **opts)
+    return run_validator(correctness.run, output, force, device, inject, emulate, **opts)

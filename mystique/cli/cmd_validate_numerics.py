@@ -14,6 +14,7 @@ _GROUPS = ("conversions", "special_values", "op_sweep", "accumulation", "model_d
 @options.output_dir
 @options.device
 @options.inject
+@options.emulate
 @options.level
 @options.seed
 @click.option("--benchmark", "benchmark", default=None, metavar="BENCH_DIR",
@@ -25,7 +26,7 @@ _GROUPS = ("conversions", "special_values", "op_sweep", "accumulation", "model_d
               help=f"Run only this check group (repeatable): {', '.join(_GROUPS)}.")
 @click.option("--ops", default=None, metavar="LIST", help="Comma-separated operators of the op sweep (default all).")
 @options.force
-def numerics_cmd(output, device, inject, level, seed, benchmark, dtypes, groups, ops, force) -> int:
+def numerics_cmd(output, device, inject, emulate, level, seed, benchmark, dtypes, groups, ops, force) -> int:
     """Judge the device's numerics against fp64 goldens; writes OUT_DIR/results.csv.
 
     Exhaustive bf16/fp16 rounding, special values, an operator sweep with error bounds, the
@@ -38,4 +39,4 @@ def numerics_cmd(output, device, inject, level, seed, benchmark, dtypes, groups,
         opts["benchmark"] = benchmark
     if ops:
         opts["ops"] = ops
-    return run_validator(numerics.run, output, force, device, inject, **opts)
+    return run_validator(numerics.run, output, force, device, inject, emulate, **opts)

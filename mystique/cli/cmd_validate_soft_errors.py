@@ -15,6 +15,7 @@ _GROUPS = ("abft_gemm", "abft_embedding_bag", "false_positives", "detection_camp
 @options.output_dir
 @options.device
 @options.inject
+@options.emulate
 @options.level
 @options.seed
 @click.option("--group", "groups", multiple=True, type=click.Choice(_GROUPS), metavar="NAME",
@@ -36,7 +37,7 @@ _GROUPS = ("abft_gemm", "abft_embedding_bag", "false_positives", "detection_camp
 @click.option("--overhead-threads", type=click.IntRange(0), default=None,
               help="CPU intra-op threads of the overhead timing (0: leave torch's setting; default 1).")
 @options.force
-def soft_errors_cmd(output, device, inject, level, seed, groups, trials, fp_trials, pvf_trials, workloads,
+def soft_errors_cmd(output, device, inject, emulate, level, seed, groups, trials, fp_trials, pvf_trials, workloads,
                     checkpoint, overhead_sizes, overhead_tables, overhead_reps, overhead_threads, force) -> int:
     """Soft-error detection on the device; writes OUT_DIR/results.csv.
 
@@ -53,7 +54,7 @@ def soft_errors_cmd(output, device, inject, level, seed, groups, trials, fp_tria
         bad = [w for w in wl if w not in ("dlrm", "bert", "llama")]
         if bad:
             raise UsageError(f"unknown workload(s) {', '.join(bad)}; expected dlrm, bert, llama")
-    return run_validator(soft_errors.run, output, force, device, inject, level=level, seed=seed,
+    return run_validator(soft_errors.run, output, force, device, inject, emulate, level=level, seed=seed,
                          groups=list(groups) or None, trials=trials, fp_trials=fp_trials, pvf_trials=pvf_trials,
                          workloads=wl, checkpoint=checkpoint, overhead_sizes=_sizes(overhead_sizes),
                          overhead_tables=_tables(overhead_tables), overhead_reps=overhead_reps,

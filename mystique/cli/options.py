@@ -21,6 +21,12 @@ inject = click.option(
     help="Dispatch mode active only on the device under test: a built-in fault simulation "
     "NAME[:k=v,...] (see `mystique faults`) or package.module:factory.",
 )
+emulate = click.option(
+    "--emulate", default=None, metavar="PROFILE", type=click.Choice(("cuda",)),
+    help="Run the device under test as an emulated foreign device: its legal numerics differences "
+    "(summation orders, missing kernels, backend-specific outputs, autocast policy, TF32) "
+    "reproduced on this one. A healthy run must still pass; for testing the suite without the hardware.",
+)
 dtype = click.option(
     "--dtype", default="float32", show_default=True, type=click.Choice(DTYPES), help="Floating dtype."
 )
