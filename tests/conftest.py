@@ -25,6 +25,20 @@ def cli_run():
     return _run
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked ``cuda`` run on a machine with a CUDA device and skip, saying why, elsewhere."""
+    marked = [item for item in items if item.get_closest_marker("cuda") is not None]
+    if not marked:
+        return
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    why = pytest.mark.skip(reason=f"needs a CUDA device (torch {torch.__version__}: torch.cuda.is_available() is False)")
+    for item in marked:
+        item.add_marker(why)
+
+
 def _hypothesis_profiles() -> None:
     """CI runs a fixed example sequence (a red build must reproduce); local runs explore."""
     import os

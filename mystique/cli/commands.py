@@ -12,6 +12,7 @@ _MODULES = (
     "cmd_validate_soft_errors",
     "cmd_validate_correctness",
     "cmd_qualify",
+    "cmd_selftest",
     "cmd_report",
     "cmd_demo",
 )
