@@ -1,0 +1,230 @@
+"""Side-by-side timing: paired rounds, a warm-up until stable, the median paired ratio with a 95%
+interval, and a verdict from the interval.
+
+A ratio of two medians measured minutes apart, or in two processes, reports the host's noise (on
+a busy host the same replay gave 1.78, 0.79 and 0.88 of one original). Here the two sides ``a``
+(the candidate, e.g. the replay) and ``b`` (the baseline, e.g. the original step) alternate in one
+process, in ABBA order (each round times ``a b`` or ``b a``, alternating, so a linear drift of the
+host cancels in pairs), and every round gives one paired ratio ``a_r / b_r`` taken under the same
+state of the host. The figure is the median of those ratios with a distribution-free 95% interval
+(order statistics with binomial ranks); rounds are added until the interval's half-width is at
+most ``half_width`` of the median or ``time_cap_s`` is spent.
+
+Warm-up runs both sides alternately until their step times are stable: the median of the last
+``window`` times of each side moves by at most ``stable_tol`` from the window before (allocator,
+caches, lazy initialisation, clocks ramping), or ``warmup_cap_s`` is spent (then the warm-up is
+reported as not settled). On CUDA the device time comes from CUDA events around each side and the
+host wall time beside it; elsewhere wall time between device synchronisations.
+
+:func:`verdict` turns an interval and a band into ``pass`` (inside), ``fail`` (outside) or
+``inconclusive`` (straddling): never a verdict from one median.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+LEVEL = 0.95
+
+
+def median_interval(values: list[float], level: float = LEVEL) -> tuple[float, float]:
+    """Distribution-free ``level`` interval of the median of ``values`` (order statistics, binomial ranks).
+
+    With fewer than 6 values no 95% interval exists; the extremes are returned.
+    """
+    xs = sorted(values)
+    n = len(xs)
+    if n == 0:
+        return (math.nan, math.nan)
+    # the largest j with P(Binomial(n, 1/2) < j) <= (1 - level) / 2: [x_(j), x_(n+1-j)] covers the median
+    tail, cdf, j = (1.0 - level) / 2.0, 0.0, 0
+    while j < n:
+        p = math.comb(n, j) / 2.0**n
+        if cdf + p > tail:
+            break
+        cdf += p
+        j += 1
+    lo = max(j - 1, 0)
+    return xs[lo], xs[n - 1 - lo]
+
+
+def verdict(lo: float, hi: float, band_low: float, band_high: float) -> str:
+    """``pass`` when [lo, hi] lies inside [band_low, band_high], ``fail`` when it lies wholly
+    outside, ``inconclusive`` when it straddles an edge (or is undefined)."""
+    if not (math.isfinite(lo) and math.isfinite(hi)):
+        return "inconclusive"
+    if band_low <= lo and hi <= band_high:
+        return "pass"
+    if hi < band_low or lo > band_high:
+        return "fail"
+    return "inconclusive"
+
+
+@dataclass
+class Paired:
+    """The outcome of :func:`paired_rounds`: per-round times (ms) and the paired-ratio statistics."""
+
+    a_ms: list[float] = field(default_factory=list)  # candidate, one per round
+    b_ms: list[float] = field(default_factory=list)  # baseline, one per round
+    a_wall_ms: list[float] = field(default_factory=list)
+    b_wall_ms: list[float] = field(default_factory=list)
+    warmup_rounds: int = 0
+    warmup_s: float = 0.0
+    warmup_settled: bool = False
+    clock: str = "wall"
+    stop: str = ""  # why the rounds stopped: "half-width", "time cap", "max rounds"
+    seconds: float = 0.0
+
+    @property
+    def rounds(self) -> int:
+        return len(self.a_ms)
+
+    @property
+    def ratios(self) -> list[float]:
+        return [a / b for a, b in zip(self.a_ms, self.b_ms) if b > 0]
+
+    @property
+    def ratio(self) -> float:
+        r = self.ratios
+        return statistics.median(r) if r else math.nan
+
+    @property
+    def interval(self) -> tuple[float, float]:
+        return median_interval(self.ratios)
+
+    @property
+    def half_width(self) -> float:
+        """Half the interval's width relative to the median ratio."""
+        lo, hi = self.interval
+        m = self.ratio
+        return (hi - lo) / 2.0 / m if m and math.isfinite(m) and math.isfinite(lo) else math.inf
+
+    @property
+    def a_median_ms(self) -> float:
+        return statistics.median(self.a_ms) if self.a_ms else math.nan
+
+    @property
+    def b_median_ms(self) -> float:
+        return statistics.median(self.b_ms) if self.b_ms else math.nan
+
+    def summary(self) -> dict[str, Any]:
+        """The statistics as ``summary.json`` keeps them (per-round times included)."""
+        lo, hi = self.interval
+        d = asdict(self)
+        d.update(rounds=self.rounds, ratio=self.ratio, ratio_low=lo, ratio_high=hi, half_width=self.half_width,
+                 level=LEVEL, a_median_ms=self.a_median_ms, b_median_ms=self.b_median_ms)
+        return d
+
+
+class _Timer:
+    """Times one call of ``fn`` on ``device``: CUDA events where available, wall time always."""
+
+    def __init__(self, device: str, sync: Callable[[], None]):
+        self.sync = sync
+        self.cuda = False
+        try:
+            import torch
+
+            self.cuda = device.startswith("cuda") and torch.cuda.is_available()
+        except ImportError:  # pragma: no cover - torch is a dependency
+            pass
+        self.clock = "cuda events" if self.cuda else "wall"
+
+    def __call__(self, fn: Callable[[], Any]) -> tuple[float, float]:
+        """(device ms, wall ms) of one call, synchronised at both ends."""
+        self.sync()
+        if self.cuda:
+            import torch
+
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            w0 = time.perf_counter()
+            start.record()
+            fn()
+            end.record()
+            self.sync()
+            wall = (time.perf_counter() - w0) * 1e3
+            return float(start.elapsed_time(end)), wall
+        w0 = time.perf_counter()
+        fn()
+        self.sync()
+        wall = (time.perf_counter() - w0) * 1e3
+        return wall, wall
+
+
+def _settled(xs: list[float], window: int, tol: float) -> bool:
+    if len(xs) < 2 * window:
+        return False
+    last = statistics.median(xs[-window:])
+    before = statistics.median(xs[-2 * window:-window])
+    return abs(last - before) <= tol * before
+
+
+def paired_rounds(
+    a: Callable[[], Any],
+    b: Callable[[], Any],
+    *,
+    device: str = "cpu",
+    sync: Callable[[], None] = lambda: None,
+    half_width: float = 0.025,
+    time_cap_s: float = 60.0,
+    min_rounds: int = 12,
+    max_rounds: int = 100_000,
+    window: int = 5,
+    stable_tol: float = 0.05,
+    warmup_cap_s: float | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> Paired:
+    """Alternate ``a`` and ``b`` (ABBA) after a warm-up until stable; add rounds until the 95%
+    interval of the median ratio ``a/b`` is within ``half_width`` (relative) or ``time_cap_s``
+    (measurement, after warm-up) is spent. ``sync`` waits for the device at step boundaries."""
+    timer = _Timer(device, sync)
+    out = Paired(clock=timer.clock)
+    cap = warmup_cap_s if warmup_cap_s is not None else max(5.0, time_cap_s / 4)
+    t0 = time.perf_counter()
+    wa: list[float] = []
+    wb: list[float] = []
+    while True:  # warm-up until stable
+        wa.append(timer(a)[0])
+        wb.append(timer(b)[0])
+        if _settled(wa, window, stable_tol) and _settled(wb, window, stable_tol):
+            out.warmup_settled = True
+            break
+        if time.perf_counter() - t0 > cap:
+            break
+    out.warmup_rounds, out.warmup_s = len(wa), time.perf_counter() - t0
+    if progress:
+        progress(f"warm-up: {out.warmup_rounds} rounds in {out.warmup_s:.1f} s"
+                 + ("" if out.warmup_settled else " (not settled: time cap)"))
+    t1 = time.perf_counter()
+    next_note = t1 + 2.0
+    while True:
+        order = (a, b) if out.rounds % 2 == 0 else (b, a)
+        got = {}
+        for fn in order:
+            got[fn is a] = timer(fn)
+        out.a_ms.append(got[True][0])
+        out.a_wall_ms.append(got[True][1])
+        out.b_ms.append(got[False][0])
+        out.b_wall_ms.append(got[False][1])
+        n = out.rounds
+        now = time.perf_counter()
+        if n >= min_rounds and out.half_width <= half_width:
+            out.stop = "half-width"
+            break
+        if now - t1 > time_cap_s and n >= min(min_rounds, 6):
+            out.stop = "time cap"
+            break
+        if n >= max_rounds:
+            out.stop = "max rounds"
+            break
+        if progress and now >= next_note:
+            lo, hi = out.interval
+            progress(f"round {n}: ratio {out.ratio:.3f} [{lo:.3f}, {hi:.3f}]")
+            next_note = now + 2.0
+    out.seconds = time.perf_counter() - t0
+    return out
