@@ -249,6 +249,29 @@ def test_dlrm_interaction_is_the_lower_triangle_of_pairwise_dots() -> None:
     torch.testing.assert_close(out, torch.cat([x, torch.stack(expected, dim=1)], dim=1))
 
 
+def test_dlrm_model_gives_logits_forward_their_sigmoid_and_loss_takes_the_logits() -> None:
+    """The top MLP ends in a Linear (the logit); ``forward`` is its sigmoid; the loss, computed
+    from the logits (autocast-safe), equals BCE of the probabilities and its gradient too."""
+    cfg = dlrm.CONFIGS["debug"]
+    model = dlrm.build_model(cfg, device=CPU, dtype=torch.float64, seed=0)
+    batch = dlrm.make_batch(cfg, device=CPU, seed=0)
+    assert isinstance(model.top_l[-1], torch.nn.Linear) and isinstance(model.bot_l[-1], torch.nn.ReLU)
+    assert not any(isinstance(m, torch.nn.Sigmoid) for m in model.modules())
+    z = dlrm.logits(model, batch)
+    probs = dlrm.forward(model, batch)
+    assert z.shape == probs.shape == (cfg.batch_size, 1) and not torch.allclose(z, probs)
+    torch.testing.assert_close(probs, torch.sigmoid(z), rtol=0, atol=0)
+    got = dlrm.loss(model, batch)
+    got.backward()
+    grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad(set_to_none=True)
+    expected = torch.nn.functional.binary_cross_entropy(dlrm.forward(model, batch), batch["labels"].double())
+    expected.backward()
+    torch.testing.assert_close(got, expected, rtol=1e-12, atol=0)
+    for g, p in zip(grads, model.parameters()):
+        torch.testing.assert_close(g, p.grad, rtol=1e-9, atol=1e-15)
+
+
 def test_dlrm_sparse_gradients_train_with_sgd() -> None:
     cfg = dataclasses.replace(dlrm.CONFIGS["debug"], sparse_grads=True)
     model = dlrm.build_model(cfg, device=CPU, dtype=torch.float32, seed=0)

@@ -3,8 +3,18 @@
 Dense features go through a bottom MLP; each sparse feature is a bag of row ids pooled by an
 ``nn.EmbeddingBag`` (mode sum, called as ``(input, offsets)``); the bottom-MLP output and the pooled
 embeddings interact by pairwise dot products (a bmm of the stacked features, keeping the lower
-triangle without the diagonal); the top MLP ends in a sigmoid giving a click probability, trained
-with binary cross entropy and SGD (lr 0.1, as the reference Kaggle run).
+triangle without the diagonal); the top MLP's last Linear gives a click logit, whose sigmoid is
+the click probability. Training minimises binary cross entropy with SGD (lr 0.1, as the reference
+Kaggle run).
+
+The loss is computed from the logit (``binary_cross_entropy_with_logits``, float32), the same on
+every device and dtype, as mixed-precision DLRM training does it: TorchRec's ``DLRMTrain`` applies
+``nn.BCEWithLogitsLoss`` to the logits of a model whose over-arch ends in a plain Linear.
+facebookresearch/dlrm's ``--loss-function=bce`` (a Sigmoid layer, then ``BCELoss`` on the
+probability) computes the same function in fp32, but that form cannot train under CUDA autocast:
+PyTorch bans ``binary_cross_entropy`` there ("unsafe to autocast"; the AMP docs: prefer
+binary_cross_entropy_with_logits), while CPU autocast runs it in fp32, so it fails on a GPU only.
+The sigmoid stays in :func:`forward`, which returns probabilities for inference.
 
 The batch holds ``dense`` (B, num_dense) float, ``indices`` (T, N) int64 and ``offsets`` (T, B)
 int64 for T tables, and ``labels`` (B, 1) float. Every table gets the same number N = B * pooling
@@ -27,7 +37,7 @@ from torch import Tensor, nn
 from .base import cpu_generator, dtype_size, fill_, materialize, upcast
 
 NAME = "dlrm"
-DESCRIPTION = "DLRM (bottom MLP, EmbeddingBag sum tables, dot interaction, top MLP); BCE loss, SGD"
+DESCRIPTION = "DLRM (bottom MLP, EmbeddingBag sum tables, dot interaction, top MLP); BCE-with-logits loss, SGD"
 
 # Rows of the 26 categorical features of the Criteo Kaggle display-advertising data set, as the
 # reference DLRM preprocessing counts them.
@@ -90,26 +100,31 @@ CONFIGS: dict[str, DLRMConfig] = {
 # model
 
 
-def _mlp(widths: list[int], *, sigmoid_last: bool) -> nn.Sequential:
+def _mlp(widths: list[int], *, relu_last: bool) -> nn.Sequential:
+    """Linear layers of ``widths``, each followed by a ReLU except the last when not ``relu_last``
+    (the top MLP ends in a bare Linear: its output is the logit)."""
     layers: list[nn.Module] = []
     for i in range(len(widths) - 1):
         layers.append(nn.Linear(widths[i], widths[i + 1], bias=True))
-        last = i == len(widths) - 2
-        layers.append(nn.Sigmoid() if (last and sigmoid_last) else nn.ReLU())
+        if relu_last or i < len(widths) - 2:
+            layers.append(nn.ReLU())
     return nn.Sequential(*layers)
 
 
 class DLRM(nn.Module):
-    """(dense (B, num_dense), indices (T, N), offsets (T, B)) -> click probability (B, 1)."""
+    """(dense (B, num_dense), indices (T, N), offsets (T, B)) -> click logit (B, 1).
+
+    The probability is the logit's sigmoid (:func:`forward`); the loss takes the logit
+    (:func:`loss`)."""
 
     def __init__(self, cfg: DLRMConfig) -> None:
         super().__init__()
         self.cfg = cfg
-        self.bot_l = _mlp([cfg.num_dense, *cfg.bottom_mlp], sigmoid_last=False)
+        self.bot_l = _mlp([cfg.num_dense, *cfg.bottom_mlp], relu_last=True)
         self.emb_l = nn.ModuleList(
             nn.EmbeddingBag(n, cfg.embedding_dim, mode="sum", sparse=cfg.sparse_grads) for n in cfg.table_sizes
         )
-        self.top_l = _mlp([cfg.interaction_dim, *cfg.top_mlp], sigmoid_last=True)
+        self.top_l = _mlp([cfg.interaction_dim, *cfg.top_mlp], relu_last=False)
 
     def interact(self, x: Tensor, ly: list[Tensor]) -> Tensor:
         """Dot products of every pair of features (lower triangle, no diagonal), after ``x``."""
@@ -211,17 +226,25 @@ def make_batch(cfg: DLRMConfig, *, device: torch.device, seed: int,
             "labels": labels.to(device)}
 
 
-def forward(model: nn.Module, batch: dict[str, Tensor]) -> Tensor:
-    """Click probabilities (B, 1) in the model's dtype."""
+def logits(model: nn.Module, batch: dict[str, Tensor]) -> Tensor:
+    """Click logits (B, 1) in the model's dtype (the model's output; ``model`` may be wrapped,
+    e.g. in DDP)."""
     dtype = next(model.parameters()).dtype
     return model(batch["dense"].to(dtype), batch["indices"], batch["offsets"])
 
 
+def forward(model: nn.Module, batch: dict[str, Tensor]) -> Tensor:
+    """Click probabilities (B, 1) in the model's dtype: the sigmoid of :func:`logits`."""
+    return torch.sigmoid(logits(model, batch))
+
+
 def loss(model: nn.Module, batch: dict[str, Tensor]) -> Tensor:
-    """Mean binary cross entropy of the predicted probabilities (0-d, float32; float64 for a
-    float64 model)."""
-    p = upcast(forward(model, batch))
-    return F.binary_cross_entropy(p, batch["labels"].to(p.dtype))
+    """Mean binary cross entropy of the clicks given the logits, computed from the logits
+    (``binary_cross_entropy_with_logits``; 0-d, float32; float64 for a float64 model). Safe under
+    autocast on every device, unlike ``binary_cross_entropy`` of the probabilities (module
+    docstring)."""
+    z = upcast(logits(model, batch))
+    return F.binary_cross_entropy_with_logits(z, batch["labels"].to(z.dtype))
 
 
 def make_optimizer(model: nn.Module) -> torch.optim.Optimizer:
