@@ -18,7 +18,14 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, NullFormatter
 
-STATUS_COLORS = {"pass": "#2e7d32", "fail": "#c62828", "skip": "#9e9e9e", "error": "#ef6c00"}
+STATUS_COLORS = {
+    "pass": "#2e7d32",
+    "fail": "#c62828",
+    "inconclusive": "#9a6700",
+    "skip": "#9e9e9e",
+    "error": "#ef6c00",
+    "info": "#37659e",
+}
 PALETTE = (
     "#1f77b4",
     "#ff7f0e",

@@ -16,14 +16,17 @@ from typing import Any
 import jinja2
 import numpy as np
 import pandas as pd
-from markupsafe import Markup
 
 from ..errors import UsageError
 from ..io import atomic_write_text
-from ..results import STATUSES, SUITES, validate
+from ..results import BAD_STATUSES, STATUSES, SUITES, validate
+from ..results import counts as count_statuses
 from . import charts
+from .blocks import Ids as _Ids
+from .blocks import cell, chart, details, fmt, fmt_pct, heading, num, row, status_cell, table
 from .inputs import ReplayArtifacts, ReportInputs, load_inputs
-from .tables import compare_runs, runs, status_counts, wilson_interval, with_run_labels
+from .selftest import selftest_blocks
+from .tables import compare_runs, runs, status_counts, verdict_of, wilson_interval, with_run_labels
 
 TOP_OPS = 25
 TOP_OP_TYPES = 15
@@ -35,7 +38,14 @@ SUITE_TITLES = {
     "correctness": "Correctness",
     "onnx": "ONNX export",
     "distributed": "Distributed",
+    "performance": "Performance",
+    "selftest": "Self-test",
 }
+#: suites whose section leads the report when present (the self-test is the headline of a self-test run)
+_LEADING = ("selftest",)
+#: how a status is named where rows are counted
+STATUS_WORDS = {"pass": "passed", "fail": "failed", "inconclusive": "inconclusive", "skip": "skipped",
+                "error": "errors", "info": "measurements"}
 _FIDELITY = ("original_step_ms", "replay_step_ms", "ratio", "coverage", "coverage_by_time")
 #: replay rows whose (check, metric) carry a fidelity figure under another name
 _REPLAYED = ("", "replayed", "ok", "pass")
@@ -45,104 +55,6 @@ _FIDELITY_ALIASES = {
 }
 _CI_SUFFIXES = ("_ci_low", "_ci_high")
 _TRIALS = re.compile(r"\btrials\s*[=:]\s*(\d+)")
-
-
-# ----------------------------------------------------------------------------------------------
-# cells and tables (plain dicts the template loops over; the template escapes every string)
-
-
-def fmt(v: Any, digits: int = 4) -> str:
-    """A number as a short string: '' for NaN/None, integers without a decimal point, else
-    ``digits`` significant digits."""
-    if v is None:
-        return ""
-    if isinstance(v, str):
-        return v
-    try:
-        x = float(v)
-    except (TypeError, ValueError):
-        return str(v)
-    if math.isnan(x):
-        return ""
-    if math.isinf(x):
-        return "inf" if x > 0 else "-inf"
-    if x == int(x) and abs(x) < 1e15:
-        return str(int(x))
-    return f"{x:.{digits}g}"
-
-
-def fmt_pct(v: Any) -> str:
-    """A fraction as a signed percentage ('+12.5%'), '' for NaN."""
-    try:
-        x = float(v)
-    except (TypeError, ValueError):
-        return ""
-    if not math.isfinite(x):
-        return ""
-    return f"{x * 100:+.3g}%"
-
-
-def cell(text: Any, cls: str = "", *, code: bool = False, title: str = "") -> dict[str, Any]:
-    return {"text": fmt(text), "cls": cls, "code": code, "title": title}
-
-
-def num(v: Any) -> dict[str, Any]:
-    return cell(v, "num")
-
-
-def status_cell(s: str) -> dict[str, Any]:
-    return cell(s, f"status st-{s}")
-
-
-def table(
-    headers: Sequence[str | tuple[str, str]],
-    rows: list[dict[str, Any]],
-    *,
-    cls: str = "",
-    caption: str = "",
-    attrs: dict[str, str] | None = None,
-) -> dict[str, Any]:
-    """A table block. ``rows`` are ``{"cells": [...], "cls": str}``; a header may be ``(text, css class)``."""
-    cols = [h if isinstance(h, tuple) else (h, "") for h in headers]
-    return {
-        "kind": "table",
-        "columns": cols,
-        "rows": rows,
-        "cls": cls,
-        "caption": caption,
-        "attrs": attrs or {},
-    }
-
-
-def row(cells: list[dict[str, Any]], cls: str = "") -> dict[str, Any]:
-    return {"cells": cells, "cls": cls}
-
-
-def chart(svg: str, caption: str = "") -> dict[str, Any]:
-    return {"kind": "chart", "svg": Markup(svg), "caption": caption}
-
-
-def note(text: str) -> dict[str, Any]:
-    return {"kind": "note", "text": text}
-
-
-def heading(text: str) -> dict[str, Any]:
-    return {"kind": "heading", "text": text}
-
-
-def details(summary: str, blocks: list[dict[str, Any]], *, open_: bool = False) -> dict[str, Any]:
-    return {"kind": "details", "summary": summary, "blocks": blocks, "open": open_}
-
-
-class _Ids:
-    """Chart id prefixes, unique within one page and the same on every rendering of the same inputs."""
-
-    def __init__(self) -> None:
-        self.n = 0
-
-    def __call__(self) -> str:
-        self.n += 1
-        return f"c{self.n}"
 
 
 # ----------------------------------------------------------------------------------------------
@@ -201,7 +113,7 @@ def _metric_groups(df: pd.DataFrame, main: Callable[[str, str], bool]) -> list[d
         others = {m: v for m, v in zip(g["metric"], g["value"])}
         statuses = set(g["status"])
         for r in principal.itertuples():
-            worst = next((s for s in ("error", "fail") if s in statuses), r.status)
+            worst = next((s for s in ("error", "fail", "inconclusive") if s in statuses), r.status)
             out.append(
                 {
                     "run_no": r.run_no,
@@ -674,7 +586,10 @@ _SUITE_BLOCKS = {
     "numerics": _numerics_blocks,
     "soft_errors": _soft_error_blocks,
     "correctness": _correctness_blocks,
+    "selftest": selftest_blocks,
 }
+#: the statuses counted in a column each (measurements, ``info``, come after the checks column)
+_SUMMARY_STATUSES = ("pass", "fail", "inconclusive", "error", "skip")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -738,7 +653,9 @@ def _comparison(df: pd.DataFrame, run_table: pd.DataFrame) -> dict[str, Any] | N
             status, base_status, delta = r["status"], r["baseline_status"], r["delta"]
             cls = f"num st-{status}" + (" changed" if r["status_changed"] else "")
             title = status + (f" (was {base_status})" if r["status_changed"] else "")
-            cells.append(cell(f"{fmt(r['value'])} {status}", cls, title=title))
+            # a measurement shows its value alone: it has no verdict to compare
+            text = fmt(r["value"]) if status == "info" else f"{fmt(r['value'])} {status}"
+            cells.append(cell(text, cls, title=title))
             if i > 1:
                 direction = "" if not _finite(delta) or delta == 0 else (" up" if delta > 0 else " down")
                 cells += [
@@ -763,9 +680,9 @@ def _comparison(df: pd.DataFrame, run_table: pd.DataFrame) -> dict[str, Any] | N
         "same": table(headers, same, cls="comparison same") if same else None,
         "n_same": len(same),
         "changes": changes,
-        "summary": f"{len(differing) + len(same)} checks present in several runs: {len(differing)} differ, "
-        f"{len(same)} identical; {len(changes)} status change(s), {n_worse} for the worse "
-        "(pass/skip → fail/error). Δ is against run [1], the oldest.",
+        "summary": f"{len(differing) + len(same)} checks and measurements present in several runs: "
+        f"{len(differing)} differ, {len(same)} identical; {len(changes)} status change(s), {n_worse} for "
+        "the worse (to fail, inconclusive or error). Δ is against run [1], the oldest.",
         "runs": labels,
     }
 
@@ -786,8 +703,10 @@ def render_html(inputs: ReportInputs | pd.DataFrame, *, title: str | None = None
     ``inputs`` is a :class:`ReportInputs` (see :func:`load_inputs`) or a bare results table (then
     without replay artifacts; ValueError if it does not follow the results schema). Pure: the same
     inputs give the same markup. Sections: verdict and runs (devices), summary by suite, failures
-    first with the detail that reproduces them, comparison of runs (when several runs share
-    checks), then one section per suite that has rows.
+    first with the detail that reproduces them (inconclusive ones among them), comparison of runs
+    (when several runs share checks), then one section per suite that has rows, the self-test's
+    first. The verdict is :func:`~.tables.verdict_of`'s; the headline counts checks (rows with a
+    verdict) and measurements (``info``) apart, like :attr:`mystique.results.Counts.line`.
     """
     if isinstance(inputs, pd.DataFrame):
         inputs = ReportInputs(results=validate(inputs))
@@ -796,10 +715,9 @@ def render_html(inputs: ReportInputs | pd.DataFrame, *, title: str | None = None
     multi = len(run_table) > 1
     df["run"] = with_run_labels(df, run_table)
     df["run_no"] = df["run"].map({lab: i for i, lab in enumerate(run_table["label"], 1)})
-    suite_order = {s: i for i, s in enumerate(SUITES)}
-    counts = {s: int((df["status"] == s).sum()) for s in STATUSES}
-    bad = counts["fail"] + counts["error"]
-    verdict = "NO RESULTS" if not len(df) else ("FAIL" if bad else "PASS")
+    suite_order = {s: i for i, s in enumerate(dict.fromkeys((*_LEADING, *SUITES)))}
+    by_status = {s: int((df["status"] == s).sum()) for s in STATUSES}
+    verdict = verdict_of(df)
     ids = _Ids()
 
     by_suite = status_counts(df)
@@ -807,33 +725,25 @@ def render_html(inputs: ReportInputs | pd.DataFrame, *, title: str | None = None
     by_suite = by_suite.sort_values(["_o"], kind="stable")
     summary_rows = [
         row(
-            [
-                cell(SUITE_TITLES.get(r.suite, r.suite)),
-                num(r.pass_),
-                num(r.fail),
-                num(r.skip),
-                num(r.error),
-                num(r.total),
-            ],
-            "row-fail" if r.fail + r.error else "",
+            [cell(SUITE_TITLES.get(r["suite"], r["suite"]))]
+            + [num(r[s]) for s in _SUMMARY_STATUSES]
+            + [num(r["checks"]), num(r["info"])],
+            _bad_row_class(r),
         )
-        for r in by_suite.rename(columns={"pass": "pass_"}).itertuples()
+        for r in by_suite.to_dict("records")
     ]
     summary = table(
-        [
-            "suite",
-            ("pass", "num st-pass"),
-            ("fail", "num st-fail"),
-            ("skip", "num st-skip"),
-            ("error", "num st-error"),
-            ("total", "num"),
-        ],
+        ["suite"]
+        + [(s, f"num st-{s}") for s in _SUMMARY_STATUSES]
+        + [("checks", "num"), ("measurements", "num st-info")],
         summary_rows,
         cls="by-suite",
+        caption="checks: rows with a verdict (pass, fail, inconclusive, error); measurements (info) "
+        "are shown and never counted as passed checks",
     )
     summary_links = [{"suite": s, "title": SUITE_TITLES.get(s, s)} for s in by_suite["suite"]]
 
-    fails = df[df["status"].isin(("fail", "error"))].copy()
+    fails = df[df["status"].isin(BAD_STATUSES)].copy()
     fails["_o"] = fails["suite"].map(lambda s: suite_order.get(s, len(suite_order)))
     fails = fails.sort_values(["_o", "run_no"], kind="stable")
     failures = [
@@ -855,28 +765,25 @@ def render_html(inputs: ReportInputs | pd.DataFrame, *, title: str | None = None
 
     run_rows = [
         {
-            "no": r.run,
-            "label": r.label,
-            "device": r.device,
-            "device_name": r.device_name,
-            "torch_version": r.torch_version,
-            "host": r.host,
-            "run_id": r.run_id,
-            "dates": r.first if r.first == r.last else f"{r.first} … {r.last}",
-            "suites": r.suites,
-            "pass": r.pass_,
-            "fail": r.fail,
-            "skip": r.skip,
-            "error": r.error,
-            "total": r.total,
+            "no": r["run"],
+            "label": r["label"],
+            "device": r["device"],
+            "device_name": r["device_name"],
+            "torch_version": r["torch_version"],
+            "host": r["host"],
+            "run_id": r["run_id"],
+            "dates": r["first"] if r["first"] == r["last"] else f"{r['first']} … {r['last']}",
+            "suites": r["suites"],
+            "counts": [(s, r[s]) for s in _SUMMARY_STATUSES] + [("info", r["info"])],
+            "cls": _bad_row_class(r),
         }
-        for r in run_table.rename(columns={"pass": "pass_"}).itertuples()
+        for r in run_table.to_dict("records")
     ]
 
     sections = []
     for suite in by_suite["suite"]:
         sdf = df[df["suite"] == suite]
-        c = {s: int((sdf["status"] == s).sum()) for s in STATUSES}
+        c = [(s, f"{n} {STATUS_WORDS[s]}") for s in STATUSES if (n := int((sdf["status"] == s).sum()))]
         if suite == "replay":
             special = _replay_blocks(sdf, inputs.replays, run_table, multi, ids)
         elif suite in _SUITE_BLOCKS:
@@ -899,8 +806,9 @@ def render_html(inputs: ReportInputs | pd.DataFrame, *, title: str | None = None
         .render(
             title=title or _default_title(run_table),
             verdict=verdict,
-            counts=counts,
-            total=len(df),
+            headline=_headline(df, len(run_table)),
+            nothing_checked=verdict == "NOTHING CHECKED",
+            by_status=by_status,
             runs=run_rows,
             multi=multi,
             summary=summary,
@@ -911,6 +819,36 @@ def render_html(inputs: ReportInputs | pd.DataFrame, *, title: str | None = None
             sources=list(inputs.sources),
         )
     )
+
+
+def _bad_row_class(counts: dict[str, Any]) -> str:
+    """``row-fail`` for a table row counting a failure or an error, ``row-inconclusive`` for one
+    whose only bad rows are inconclusive, else ''."""
+    if counts["fail"] or counts["error"]:
+        return "row-fail"
+    return "row-inconclusive" if counts["inconclusive"] else ""
+
+
+def _headline(df: pd.DataFrame, n_runs: int) -> list[dict[str, str]]:
+    """The counts under the verdict, read like :attr:`mystique.results.Counts.line`: checks (rows with
+    a verdict), how many passed and failed (inconclusive ones and errors named inside), skips when
+    any, measurements apart, then the number of runs."""
+    c = count_statuses(df)
+    n_error = int((df["status"] == "error").sum())
+    inside = [f"{c.inconclusive} inconclusive" if c.inconclusive else "",
+              f"{n_error} error{'s' if n_error != 1 else ''}" if n_error else ""]
+    inside_text = ", ".join(x for x in inside if x)
+    fail_cls = "st-fail" if c.failed > c.inconclusive else ("st-inconclusive" if c.inconclusive else "")
+    chips = [
+        {"text": f"{c.checks} checks", "cls": ""},
+        {"text": f"{c.checks - c.failed} passed", "cls": "st-pass"},
+        {"text": f"{c.failed} failed" + (f" ({inside_text})" if inside_text else ""), "cls": fail_cls},
+    ]
+    if c.skipped:
+        chips.append({"text": f"{c.skipped} skipped", "cls": "st-skip"})
+    chips.append({"text": f"{c.measurements} measurements", "cls": "st-info"})
+    chips.append({"text": f"{n_runs} run{'s' if n_runs != 1 else ''}", "cls": ""})
+    return chips
 
 
 def _default_title(run_table: pd.DataFrame) -> str:

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pandas as pd
 
-from ..results import STATUSES, SUITES
+from ..results import BAD_STATUSES, STATUSES, SUITES, counts
 
 KEY: tuple[str, ...] = ("suite", "check", "subject", "dtype", "metric")
 _Z95 = 1.959963984540054
@@ -29,27 +29,56 @@ def wilson_interval(successes: float, trials: float, z: float = _Z95) -> tuple[f
     return (max(0.0, min(p, centre - half)), min(1.0, max(p, centre + half)))
 
 
+def verdict_of(df: pd.DataFrame) -> str:
+    """The one word a report leads with, in this order of precedence:
+
+    ``NO RESULTS`` (no row), ``FAIL`` (a check failed or errored), ``INCONCLUSIVE`` (the only bad
+    rows are timing verdicts whose 95% interval straddles their band), ``NOTHING CHECKED`` (every
+    row skipped or a measurement), else ``PASS``. FAIL and INCONCLUSIVE are the runs that exit 1,
+    NOTHING CHECKED the runs that exit 3 (:func:`mystique.results.exit_code`).
+    """
+    if not len(df):
+        return "NO RESULTS"
+    c = counts(df)
+    if c.failed > c.inconclusive:
+        return "FAIL"
+    if c.inconclusive:
+        return "INCONCLUSIVE"
+    if not c.checks:
+        return "NOTHING CHECKED"
+    return "PASS"
+
+
 def status_counts(df: pd.DataFrame, by: str = "suite") -> pd.DataFrame:
     """Rows counted by status per value of ``by``.
 
-    Columns: ``by``, ``pass``, ``fail``, ``skip``, ``error``, ``total`` (ints), in order of first
-    appearance of ``by``.
+    Columns: ``by``, one per status of :data:`mystique.results.STATUSES` (``pass``, ``fail``,
+    ``inconclusive``, ``skip``, ``error``, ``info``), ``checks`` (rows with a verdict: pass, fail,
+    inconclusive, error; skips and measurements apart), ``bad`` (fail, inconclusive, error) and
+    ``total`` (all rows), ints, in order of first appearance of ``by``.
     """
     order = list(dict.fromkeys(df[by]))
     table = pd.crosstab(df[by], df["status"]) if len(df) else pd.DataFrame()
     out = pd.DataFrame({by: order})
     for s in STATUSES:
         out[s] = [int(table.at[k, s]) if s in table.columns and k in table.index else 0 for k in order]
-    out["total"] = out[list(STATUSES)].sum(axis=1).astype(int)
+    _add_totals(out)
     return out
+
+
+def _add_totals(out: pd.DataFrame) -> None:
+    out["checks"] = out[["pass", "fail", "inconclusive", "error"]].sum(axis=1).astype(int)
+    out["bad"] = out[list(BAD_STATUSES)].sum(axis=1).astype(int)
+    out["total"] = out[list(STATUSES)].sum(axis=1).astype(int)
 
 
 def runs(df: pd.DataFrame) -> pd.DataFrame:
     """One row per run, a run being the rows sharing ``(run_id, device)``, oldest first.
 
     Columns: ``run``, ``run_id``, ``device``, ``device_name``, ``torch_version``, ``host``,
-    ``first`` and ``last`` (started_at range), ``suites`` (comma list), ``pass``, ``fail``,
-    ``skip``, ``error``, ``total``, and ``label`` (``device · date · run id``, unique).
+    ``first`` and ``last`` (started_at range), ``suites`` (comma list), one count per status
+    (``pass``, ``fail``, ``inconclusive``, ``skip``, ``error``, ``info``), ``checks``, ``bad`` and
+    ``total`` as in :func:`status_counts`, and ``label`` (``device · date · run id``, unique).
     """
     cols = [
         "run",
@@ -62,6 +91,8 @@ def runs(df: pd.DataFrame) -> pd.DataFrame:
         "last",
         "suites",
         *STATUSES,
+        "checks",
+        "bad",
         "total",
         "label",
     ]
@@ -81,11 +112,11 @@ def runs(df: pd.DataFrame) -> pd.DataFrame:
         }
         for s in STATUSES:
             rec[s] = int((g["status"] == s).sum())
-        rec["total"] = len(g)
         records.append(rec)
     out = (
         pd.DataFrame(records).sort_values(["first", "run_id", "device"], kind="stable").reset_index(drop=True)
     )
+    _add_totals(out)
     out.insert(0, "run", range(1, len(out) + 1))
     labels = [f"{r.device or '?'} · {r.first[:10] or '?'} · {r.run_id[:8]}" for r in out.itertuples()]
     seen: dict[str, int] = {}
@@ -115,8 +146,10 @@ def compare_runs(df: pd.DataFrame, run_table: pd.DataFrame | None = None) -> pd.
     ``run`` (label), ``run_no`` (1 = oldest),
     ``value``, ``status``, ``baseline_value``, ``baseline_status``, ``delta`` (value - baseline),
     ``rel_delta`` (delta / abs(baseline), NaN when the baseline is 0 or unknown), ``is_baseline``,
-    ``status_changed``, ``worsened`` (pass/skip at baseline, fail/error here) and ``key_changed``
-    (some run of the key changed status).
+    ``status_changed``, ``worsened`` (not bad at baseline: pass, skip or a measurement (info); bad
+    here: fail, inconclusive or error) and ``key_changed`` (some run of the key changed status).
+    A measurement (``info``) is neither a pass nor a failure: its runs differ by value; a change
+    from ``inconclusive`` to ``fail`` is a status change, not a worsening (both are bad).
     """
     cols = [
         *KEY,
@@ -161,7 +194,7 @@ def compare_runs(df: pd.DataFrame, run_table: pd.DataFrame | None = None) -> pd.
     )
     work["is_baseline"] = work.groupby(keys, sort=False).cumcount() == 0
     work["status_changed"] = work["status"] != work["baseline_status"]
-    work["worsened"] = work["baseline_status"].isin(("pass", "skip")) & work["status"].isin(("fail", "error"))
+    work["worsened"] = ~work["baseline_status"].isin(BAD_STATUSES) & work["status"].isin(BAD_STATUSES)
     work["key_changed"] = work.groupby(keys, sort=False)["status_changed"].transform("any")
     key_worse = work.groupby(keys, sort=False)["worsened"].transform("any")
     work = work.assign(_w=~key_worse, _c=~work["key_changed"])

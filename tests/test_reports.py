@@ -18,16 +18,18 @@ from mystique.reports import (
     ReportInputs,
     compare_runs,
     load_inputs,
+    parse_caught_by,
     render_html,
     render_report,
     runs,
     status_counts,
+    verdict_of,
     wilson_interval,
 )
 
 from mystique.cli import main
 from mystique.errors import UsageError
-from mystique.results import Results, RunContext, read_csv, write_csv
+from mystique.results import Results, RunContext, concat, counts, read_csv, write_csv
 
 CPU = dict(device="cpu", device_name="AMD EPYC 7B13", torch_version="2.13.0", host="qual-01")
 GPU = dict(device="cuda", device_name="NVIDIA H100 80GB HBM3", torch_version="2.13.0+cu128", host="gpu-07")
@@ -745,3 +747,214 @@ def test_folders_expand_to_their_results_once(one_run: Path, tmp_path: Path):
     inputs = load_inputs([tmp_path, tmp_path / "a" / "results.csv"])
     assert len(inputs.results) == len(read_csv(one_run / "numerics" / "results.csv"))
     assert inputs.replays == ()
+
+
+# ----------------------------------------------------------------------------------------------
+# statuses info (measurements) and inconclusive (a timing interval straddling its band)
+
+
+def performance_rows(ctx: RunContext, *, ratio_status: str = "inconclusive", gemm_status: str = "pass") -> pd.DataFrame:
+    """Timing verdicts with their intervals as measurements, like the performance suite records them."""
+    r = Results(ctx, "performance")
+    r.add("replay_step_time_ratio", "llama:debug", "ratio", 1.09, status=ratio_status, threshold=1.1,
+          detail="95% interval 1.04-1.16 straddles the band 0.90-1.10; 15 paired rounds; seed 0")
+    r.add("replay_step_time_ratio", "llama:debug", "ratio_ci_low", 1.04, status="info")
+    r.add("replay_step_time_ratio", "llama:debug", "ratio_ci_high", 1.16, status="info")
+    r.add("gemm_throughput", "aten::mm 4096", "tflops", 61.2, status=gemm_status, threshold=50, unit="TFLOP/s")
+    r.add("memory_bandwidth", "copy 1 GiB", "bandwidth", 1843.0, status="info", unit="GB/s")
+    r.add("flash_attention_time", "sdpa", "median_ms", None, status="skip", detail="no flash kernel here")
+    return r.frame()
+
+
+def _summary_by_suite(page: Page) -> dict[str, dict[str, str]]:
+    rows = page.table("by-suite")[0]["rows"]
+    return {r[0]: dict(zip(rows[0][1:], r[1:])) for r in rows[1:]}
+
+
+def test_summary_and_headline_count_checks_and_measurements_apart(tmp_path: Path):
+    ctx = _ctx(CPU, "r1", "2025-05-01T10:00:00+00:00")
+    df = concat([performance_rows(ctx), numerics_rows(ctx, fail_mm_bf16=True)])
+    c = status_counts(df).set_index("suite")
+    perf = c.loc["performance"]
+    assert (perf["pass"], perf["inconclusive"], perf["info"], perf["skip"], perf["checks"], perf["bad"]) == (
+        1, 1, 3, 1, 2, 1)
+    assert perf["total"] == 6
+    page = page_of(render_html(df))
+    summary = _summary_by_suite(page)
+    assert list(summary) == ["Numerics", "Performance"]
+    assert summary["Performance"] == {"pass": "1", "fail": "0", "inconclusive": "1", "error": "0", "skip": "1",
+                                      "checks": "2", "measurements": "3"}
+    assert summary["Numerics"]["checks"] == "7" and summary["Numerics"]["measurements"] == "0"
+    assert page.table("by-suite")[0]["row_classes"][1:] == ["row-fail", "row-inconclusive"]
+    # the headline reads like counts(df).line: 9 checks (not 15 rows), failures with the inconclusive
+    # one named inside, measurements apart
+    line = counts(df).line
+    assert line == "9 checks, 2 failed (1 inconclusive), 2 skipped, 3 measurements"
+    html = render_html(df)
+    head = html[html.index('id="headline"'): html.index("</p>", html.index('id="headline"'))]
+    texts = re.findall(r'<span class="count[^"]*">([^<]*)</span>', head)
+    assert texts == ["9 checks", "7 passed", "2 failed (1 inconclusive)", "2 skipped", "3 measurements", "1 run"]
+    # every part of counts(df).line is in the headline, in its order
+    assert [t for t in texts if t != "7 passed" and t != "1 run"] == line.split(", ")
+    # the runs table counts them too
+    runs_row = page.table("runs")[0]
+    header = runs_row["rows"][0]
+    got = dict(zip(header, runs_row["rows"][1]))
+    assert (got["inconclusive"], got["measurements"], got["fail"]) == ("1", "3", "1")
+
+
+def test_only_inconclusive_rows_make_an_inconclusive_verdict(tmp_path: Path):
+    ctx = _ctx(CPU, "r1", "2025-05-01T10:00:00+00:00")
+    df = concat([performance_rows(ctx), numerics_rows(ctx, fail_mm_bf16=False)])
+    assert verdict_of(df) == "INCONCLUSIVE"
+    html = render_html(df)
+    page = page_of(html)
+    assert 'id="verdict">INCONCLUSIVE<' in html and "v-inconclusive" in html
+    assert "<title>" in html and ": INCONCLUSIVE</title>" in html
+    # listed among the failures, with its own badge and the detail that reproduces it
+    fail_html = html[html.index('id="failures"'): html.index('id="summary"')]
+    assert 'class="failure st-inconclusive"' in fail_html and 'badge st-inconclusive">inconclusive<' in fail_html
+    assert "straddles the band" in fail_html and "No check failed" not in fail_html
+    assert "Failures (1)" in " ".join(page.text)
+    # its section shows measurements by that name, not as passes
+    sec = html[html.index('id="suite-performance"'):]
+    assert '<span class="count st-info">3 measurements</span>' in sec
+    assert '<span class="count st-pass">1 passed</span>' in sec
+    # a failure anywhere makes it FAIL; an error too
+    assert verdict_of(concat([df, numerics_rows(ctx, fail_mm_bf16=True)])) == "FAIL"
+    assert verdict_of(performance_rows(ctx, ratio_status="error")) == "FAIL"
+    assert verdict_of(performance_rows(ctx, ratio_status="pass")) == "PASS"
+
+
+def test_nothing_checked_when_every_row_is_skipped_or_a_measurement(tmp_path: Path):
+    r = Results(_ctx(CPU, "r1", "2025-05-01T10:00:00+00:00"), "performance")
+    r.add("memory_bandwidth", "copy 1 GiB", "bandwidth", 1843.0, status="info", unit="GB/s")
+    r.add("gemm_throughput", "aten::mm 4096", "tflops", None, status="skip", detail="no cuda device")
+    assert verdict_of(r.frame()) == "NOTHING CHECKED"
+    html = render_html(r.frame())
+    page_of(html)
+    assert 'id="verdict">NOTHING CHECKED<' in html and "v-nothing-checked" in html
+    assert "Nothing was checked: 1 skipped, 1 measurements" in html
+    assert "No check failed" not in html
+    assert verdict_of(Results(_ctx(CPU, "r1", "2025-05-01T10:00:00+00:00"), "numerics").frame()) == "NO RESULTS"
+    only_info = r.frame()[r.frame()["status"] == "info"]
+    assert verdict_of(only_info) == "NOTHING CHECKED"
+
+
+def test_compare_runs_treats_inconclusive_as_bad_and_info_as_neither():
+    a = performance_rows(_ctx(CPU, "r1", "2025-05-01T10:00:00+00:00"), ratio_status="pass")
+    b = performance_rows(_ctx(CPU, "r2", "2025-05-02T10:00:00+00:00"), ratio_status="inconclusive",
+                         gemm_status="fail")
+    b.loc[b["metric"] == "bandwidth", "value"] = 1500.0  # a measurement that moved
+    df = concat([a, b])
+    comp = compare_runs(df).set_index(["metric", "run_no"])
+    assert comp.loc[("ratio", 2), "worsened"] and comp.loc[("ratio", 2), "status_changed"]
+    assert comp.loc[("tflops", 2), "worsened"]
+    assert not comp.loc[("bandwidth", 2), "worsened"] and not comp.loc[("bandwidth", 2), "status_changed"]
+    assert comp.loc[("bandwidth", 2), "delta"] == pytest.approx(1500.0 - 1843.0)
+    # inconclusive -> fail is a change between two bad statuses, not a worsening
+    c = performance_rows(_ctx(CPU, "r3", "2025-05-03T10:00:00+00:00"), ratio_status="fail")
+    comp = compare_runs(concat([b, c])).set_index(["metric", "run_no"])
+    assert comp.loc[("ratio", 2), "status_changed"] and not comp.loc[("ratio", 2), "worsened"]
+    # in the page: the measurement shows its value alone; the pass -> inconclusive change is for the worse
+    html = render_html(df)
+    rows = {r[4]: r for r in page_of(html).table("comparison")[0]["rows"][1:]}
+    assert rows["bandwidth"][5:7] == ["1843", "1500"]
+    assert rows["ratio"][5:7] == ["1.09 pass", "1.09 inconclusive"]
+    assert '<li class="worse">performance/replay_step_time_ratio llama:debug ratio: pass → inconclusive in [2]</li>' in html
+
+
+# ----------------------------------------------------------------------------------------------
+# the self-test section
+
+SELFTEST_REPRO = "mystique qualify --device cpu --level quick --seed 0"
+#: fault -> (status, failed checks, the start of the detail `mystique selftest` writes)
+SELFTEST_FAULTS = {
+    "bitflip_mm": ("pass", 4, "caught by numerics.op_error_vs_fp64 x3; soft_errors.abft_detection_rate x1"),
+    "nan_softmax": ("pass", 3, "caught by correctness.output_matches_reference x2; numerics.op_error_vs_fp64 x1"),
+    "stuck_bit": ("fail", 0, "NOT caught: 21 checks, 0 failed, 6 measurements"),
+    "mypkg.faults:dropout": ("error", None, "the qualification under this fault did not finish: device lost"),
+}
+
+
+def selftest_rows(ctx: RunContext, *, false_failures: int = 0) -> pd.DataFrame:
+    """Rows shaped like validators/selftest.py's ``rows``: healthy run, one row per fault, run times."""
+    r = Results(ctx, "selftest")
+    failing = "; failing: numerics.op_error_vs_fp64 x2" if false_failures else ""
+    r.add("healthy_false_failures", "cpu", "failed_checks", false_failures, threshold=0,
+          status="fail" if false_failures else "pass",
+          detail=f"21 checks, {false_failures} failed, 6 measurements on the healthy device{failing}; "
+          "rows in healthy/results.csv; mystique selftest --device cpu --level quick --seed 0")
+    for spec, (status, n, what) in SELFTEST_FAULTS.items():
+        tail = "" if status == "error" else f"; rows in fault-{spec}/results.csv"
+        r.add("fault_caught", spec, "failed_checks", n, threshold=1, status=status,
+              detail=f"{what}{tail}; reproduce: {SELFTEST_REPRO} --inject {spec} -o OUT")
+    for i, name in enumerate(["healthy", *SELFTEST_FAULTS]):
+        r.add("run_time", name, "seconds", 10.5 + i, unit="s", status="info", detail="wall time of the run")
+    return r.frame()
+
+
+def test_parse_caught_by():
+    assert parse_caught_by(
+        "caught by numerics.op_error_vs_fp64 x3; soft_errors.abft_detection_rate x12; rows in "
+        "fault-bitflip_mm/results.csv; reproduce: mystique qualify --inject bitflip_mm -o OUT"
+    ) == {"numerics.op_error_vs_fp64": 3, "soft_errors.abft_detection_rate": 12}
+    # the healthy row names its false failures after "failing:"
+    assert parse_caught_by("21 checks, 2 failed, 6 measurements on the healthy device; failing: "
+                           "correctness.first_divergent_op x2; rows in healthy/results.csv; mystique ...") == {
+        "correctness.first_divergent_op": 2}
+    assert parse_caught_by("NOT caught: 21 checks, 0 failed, 6 measurements; rows in fault-x/results.csv") == {}
+    assert parse_caught_by("the qualification under this fault did not finish: boom; mystique ...") == {}
+    assert parse_caught_by("") == {}
+    # without the rows-in tail, the list runs to the end; odd items are ignored
+    assert parse_caught_by("caught by a.b x1; not an item; c.d x2") == {"a.b": 1, "c.d": 2}
+    # the list ends at the first "; rows in": nothing after it is read as a check
+    assert parse_caught_by("caught by a.b x1; rows in fault-e.f x9/results.csv; g.h x3") == {"a.b": 1}
+
+
+def test_selftest_section_leads_with_a_fault_by_check_matrix(tmp_path: Path):
+    ctx = _ctx(CPU, "5e1f00000001", "2025-06-01T08:00:00+00:00")
+    selftest = selftest_rows(ctx)
+    healthy = numerics_rows(_ctx(CPU, "4ea1000000001", "2025-06-01T08:00:05+00:00"), fail_mm_bf16=False)
+    (tmp_path / "healthy").mkdir()
+    write_csv(selftest, tmp_path / "results.csv")
+    write_csv(healthy, tmp_path / "healthy" / "results.csv")
+    html = render_html(load_inputs([tmp_path / "results.csv", tmp_path / "healthy" / "results.csv"]))
+    page = page_of(html)
+    # first among the suite sections, and in the summary
+    assert [s for s in page.sections if s.startswith("suite-")] == ["suite-selftest", "suite-numerics"]
+    assert list(_summary_by_suite(page)) == ["Self-test", "Numerics"]
+    text = " ".join(" ".join(page.text).split())
+    assert ("Healthy device (cpu): 0 false failures; faults caught: 2 of 4 (not caught: stuck_bit; "
+            "did not finish: mypkg.faults:dropout).") in text
+    [matrix] = page.table("selftest")
+    header, *body = matrix["rows"]
+    checks = ["numerics.op_error_vs_fp64", "soft_errors.abft_detection_rate", "correctness.output_matches_reference"]
+    assert header == ["qualification run", "status", "failed checks", *checks, "run time (s)"]
+    grid = {r[0]: r for r in body}
+    assert [r[0] for r in body] == ["healthy", "bitflip_mm", "nan_softmax", "stuck_bit", "mypkg.faults:dropout"]
+    assert grid["healthy"] == ["healthy", "pass", "0", "", "", "", "10.5"]
+    assert grid["bitflip_mm"] == ["bitflip_mm", "pass", "4", "3", "1", "", "11.5"]
+    assert grid["nan_softmax"] == ["nan_softmax", "pass", "3", "1", "", "2", "12.5"]
+    assert grid["stuck_bit"] == ["stuck_bit", "fail", "0", "", "", "", "13.5"]  # not caught: a failure
+    assert grid["mypkg.faults:dropout"] == ["mypkg.faults:dropout", "error", "", "", "", "", "14.5"]
+    assert matrix["row_classes"][1:] == ["row-pass", "row-pass", "row-pass", "row-fail", "row-error"]
+    # the fault not caught leads the failures, with what reproduces it
+    fail_html = html[html.index('id="failures"'): html.index('id="summary"')]
+    assert fail_html.index("stuck_bit") < fail_html.index("mypkg.faults:dropout")
+    assert f"{SELFTEST_REPRO} --inject stuck_bit -o OUT" in fail_html
+    assert 'id="verdict">FAIL<' in html
+
+
+def test_selftest_healthy_false_failures_show_in_its_row(tmp_path: Path):
+    df = selftest_rows(_ctx(CPU, "5e1f00000001", "2025-06-01T08:00:00+00:00"), false_failures=2)
+    df = df[(df["check"] != "fault_caught") | (df["status"] == "pass")]  # every fault caught
+    html = render_html(df)
+    rows = {r[0]: r for r in page_of(html).table("selftest")[0]["rows"][1:]}
+    assert rows["healthy"][:4] == ["healthy", "fail", "2", "2"]
+    assert '<td class="num false-hit"' in html and 'class="note selftest-verdict bad"' in html
+    assert "Healthy device (cpu): 2 false failures; faults caught: 2 of 2." in html
+    good = selftest_rows(_ctx(CPU, "5e1f00000001", "2025-06-01T08:00:00+00:00"))
+    good = good[(good["check"] != "fault_caught") | (good["status"] == "pass")]
+    assert 'class="note selftest-verdict good"' in render_html(good)
+    assert verdict_of(good) == "PASS"
