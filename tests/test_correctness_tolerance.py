@@ -150,3 +150,23 @@ def test_classification_of_random_and_undefined_ops():
     assert engine.classify("aten::resize_.default") == "undefined memory"
     assert engine.classify("aten::nonzero.default") is None
     assert engine.classify("aten::mm.default") is None
+    # the arguments decide for dropouts (p = 0 or eval: no draw); other namespaces are never aten's draws
+    assert engine.classify("aten::dropout.default", {"p": 0.0, "train": True}) is None
+    assert engine.classify("aten::feature_dropout.default", {"p": 0.2, "train": False}) is None
+    assert engine.classify("aten::rand_like.default", {"p": 0.0}) == "random op"
+    assert engine.classify("mylib::dropout.default", {"p": 0.5, "train": True}) is None
+
+
+def test_records_name_the_outputs_not_compared_as_is():
+    from mystique.validators import correctness
+
+    rec = engine.OpRecord(7, "aten::embedding_bag", "aten::embedding_bag.padding_idx", "pass", kind="bitwise",
+                          input_shapes=[[100, 8], [48], [16]], output_shapes=[[16, 8], [0], [16], [16]],
+                          err_reference=1e-8, excluded="outputs 1-3 of aten::embedding_bag not compared: x")
+    assert rec.describe().endswith("bitwise equal to the reference (error vs fp64 1e-08); "
+                                   "outputs 1-3 of aten::embedding_bag not compared: x")
+    rec.reason = "note"
+    assert correctness.ops_csv_text([rec]).splitlines()[1].endswith(
+        ",note; outputs 1-3 of aten::embedding_bag not compared: x")
+    bare = engine.OpRecord(1, "aten::mm", "aten::mm.default", "pass", kind="bitwise")
+    assert "not compared" not in bare.describe() and correctness.ops_csv_text([bare]).splitlines()[1].endswith(",")

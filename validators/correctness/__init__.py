@@ -8,10 +8,13 @@ reference_device="cpu", **options)`` returns the results rows (suite ``correctne
   reference benchmarks of :mod:`.benchmarks`) runs on the target and on the reference device
   with identical synthetic inputs, and in fp64 on the CPU; each output is judged by
   :func:`.tolerance.judge` (bitwise equal to the reference, or an error vs fp64 within
-  ``max(2 * reference error, floor(dtype, K, sensitivity))``). Every op is fed the reference
-  device's results of the ops before it, so a divergence cannot cascade and the first failing op
-  is the first divergent op (rows ``first_divergent_op``, ``ops_compared``, ``max_error_ratio``,
-  ``target_op_errors``, ``op_error_vs_fp64`` for the worst ops, ``op_skipped`` per skip reason).
+  ``max(2 * reference error, floor(dtype, K, sensitivity))``). Auxiliary outputs whose contents
+  are backend-specific (``embedding_bag``'s ``offset2bag``, saved batch statistics, attention
+  log-sum-exps, ...) are excluded or compared as :data:`.semantics.TABLE` says, and the op's rows
+  name them. Every op is fed the reference device's results of the ops before it, so a divergence
+  cannot cascade and the first failing op is the first divergent op (rows ``first_divergent_op``,
+  ``max_error_ratio``, ``target_op_errors``, ``op_error_vs_fp64`` for the worst ops; ``ops_compared``,
+  a measurement (status ``info``); ``op_skipped`` per skip reason).
 * ``workload_output``: each reference workload's forward from the same weights and batch on the
   target vs the reference device vs fp64 (:mod:`.workload`; row ``workload_output_error``).
 * ``repeatability``: each benchmark replayed twice on the target alone and each workload's
@@ -114,7 +117,8 @@ def ops_csv_text(records: Iterable[Any]) -> str:
         w.writerow([r.index, r.name, r.qualified, r.status, r.kind, r.dtype, _fmt(r.err_target),
                     _fmt(r.err_reference), _fmt(r.bound), _fmt(r.ratio), r.k,
                     json.dumps(r.input_shapes, separators=(",", ":")),
-                    json.dumps(r.output_shapes, separators=(",", ":")), r.reason])
+                    json.dumps(r.output_shapes, separators=(",", ":")),
+                    "; ".join(x for x in (r.reason, getattr(r, "excluded", "")) if x)])
     return buf.getvalue()
 
 
@@ -163,10 +167,16 @@ def _replay_rows(res: Any, subject: str, records: list[Any], target: Any, ref: s
     for r in skipped:
         reasons[r.reason.split(";")[0][:80]] = reasons.get(r.reason.split(";")[0][:80], 0) + 1
     skip_text = ", ".join(f"{n} {why}" for why, n in sorted(reasons.items(), key=lambda kv: -kv[1]))
-    res.add("ops_compared", subject, "ops", len(compared), status="pass" if compared else "skip",
+    partial: dict[str, list[int]] = {}  # ops with outputs of backend-specific semantics (semantics.TABLE)
+    for r in compared:
+        if r.excluded:
+            partial.setdefault(r.excluded.split(": ")[0], []).append(r.index)
+    partial_text = "".join(f"; {what} (op {', '.join(map(str, idx[:8]))}{', ...' if len(idx) > 8 else ''})"
+                           for what, idx in partial.items())
+    res.add("ops_compared", subject, "ops", len(compared), status="info",
             detail=f"{len(compared)} of {len(records)} ops compared ({bitwise} bitwise equal to the reference)"
                    f"; {len(skipped)} skipped" + (f" ({skip_text})" if skip_text else "")
-                   + f"; {noops} no-ops; seed {seed}")
+                   + f"; {noops} no-ops{partial_text}; seed {seed}")
     ratios = [r.ratio for r in compared if not math.isnan(r.ratio)]
     worst_ratio = max(ratios, default=math.nan)
     top = max(compared, key=lambda r: r.ratio if not math.isnan(r.ratio) else -1.0, default=None)

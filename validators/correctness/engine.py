@@ -30,16 +30,10 @@ import torch
 
 from mystique.replay import executor as rx
 
+from . import semantics
 from . import tolerance as tol
 
-# Operators whose results are random draws: compared never (their outputs feed later ops as drawn
-# on the reference device, so nothing downstream depends on the draw).
-RANDOM_OPS = frozenset({
-    "dropout", "native_dropout", "feature_dropout", "alpha_dropout", "feature_alpha_dropout", "_fused_dropout",
-    "bernoulli", "rand", "rand_like", "randn", "randn_like", "randint", "randint_like", "randperm",
-    "multinomial", "normal", "uniform", "exponential", "cauchy", "log_normal", "geometric", "random",
-    "rrelu", "rrelu_with_noise", "poisson", "_standard_gamma", "_sample_dirichlet", "binomial",
-})
+RANDOM_OPS = semantics.RANDOM_OPS  # random draws: compared never (see semantics.random_draw)
 # Operators whose results are undefined memory: compared never; their outputs are zero-filled on
 # the reference so that every consumer reads defined values.
 UNDEFINED_OPS = frozenset({
@@ -48,16 +42,14 @@ UNDEFINED_OPS = frozenset({
 })
 
 
-def base_op_name(name: str) -> str:
-    """``aten::bernoulli_.float`` -> ``bernoulli`` (namespace, overload and in-place mark removed)."""
-    n = name.split("::", 1)[-1].split(".", 1)[0]
-    return n[:-1] if n.endswith("_") and not n.endswith("__") else n
+base_op_name = semantics.base_op_name
 
 
-def classify(name: str) -> str | None:
-    """``"random op"``, ``"undefined memory"`` or None (compared) for an operator name."""
+def classify(name: str, bound: dict[str, Any] | None = None) -> str | None:
+    """``"random op"``, ``"undefined memory"`` or None (compared) for an operator name and, when
+    given, its arguments by name (a dropout with ``p = 0`` or ``train`` false draws nothing)."""
     base = base_op_name(name)
-    if base in RANDOM_OPS:
+    if semantics.random_draw(name, bound):
         return "random op"
     if base in UNDEFINED_OPS:
         return "undefined memory"
@@ -422,9 +414,13 @@ class OpRecord:
     k: int = 1
     output: int = 0
     outputs_compared: int = 0
+    excluded: str = ""  # outputs with backend-specific semantics (semantics.OutputPlan.note)
 
     def describe(self) -> str:
-        """One line: index, name, shapes, dtype and the errors."""
+        """One line: index, name, shapes, dtype, the errors and the outputs not compared as is."""
+        return self._describe() + (f"; {self.excluded}" if self.excluded else "")
+
+    def _describe(self) -> str:
         ins = ",".join(str(s).replace(" ", "") for s in self.input_shapes)
         outs = ",".join(str(s).replace(" ", "") for s in self.output_shapes)
         text = f"op {self.index} {self.name} ({self.qualified}) inputs [{ins}] -> [{outs}]"
@@ -492,7 +488,7 @@ def lockstep(plan: dict[str, Any], target: Any, reference_device: str, seed: int
         except (RuntimeError, rx.ReplayError) as exc:
             rec.status, rec.reason = "skip", f"inputs could not be materialised: {exc}"
             continue
-        category = classify(spec.qualified)
+        category = classify(spec.qualified, _bound(spec, op, walker))
         ids = list(ref_in)
         snapshot = dict(zip(ids, clone_group([ref_in[i] for i in ids], cpu)))
         # target
@@ -539,7 +535,9 @@ def lockstep(plan: dict[str, Any], target: Any, reference_device: str, seed: int
         elif t_error:
             rec.status, rec.reason = "error", t_error
         else:
-            _compare(rec, spec, op, walker, snapshot, t_obs or [], r_obs, seed, fp64_always)
+            oplan = semantics.output_plan(spec.qualified, spec.schema, r_res, spec.mutated, r_args, r_kwargs,
+                                          spec.name)
+            _compare(rec, spec, op, walker, snapshot, t_obs or [], r_obs, seed, fp64_always, oplan)
             if rec.status == "fail" and any(i in walker.standins for i in ids):
                 # inputs made up for results of skipped ops can be inconsistent (offsets that do
                 # not match their indices): kernels then read undefined memory and disagree anywhere
@@ -549,6 +547,12 @@ def lockstep(plan: dict[str, Any], target: Any, reference_device: str, seed: int
         walker.release(spec.index)
         del snapshot, r_obs_dev
     return records
+
+
+def _bound(spec: OpSpec, op: dict[str, Any], walker: PlanWalker) -> dict[str, Any]:
+    """The op's arguments by schema name, tensors left out (for argument-dependent classification)."""
+    args, kwargs = walker.call_args(op, lambda _tid: None)
+    return semantics.bind(spec.schema, args, kwargs)
 
 
 def _fp64_run(spec: OpSpec, op: dict[str, Any], walker: PlanWalker, snapshot: dict[int, torch.Tensor],
@@ -571,13 +575,16 @@ def _fp64_run(spec: OpSpec, op: dict[str, Any], walker: PlanWalker, snapshot: di
 
 def _compare(rec: OpRecord, spec: OpSpec, op: dict[str, Any], walker: PlanWalker,
              snapshot: dict[int, torch.Tensor], t_obs: list[Any], r_obs: list[Any], seed: int,
-             fp64_always: bool) -> None:
+             fp64_always: bool, oplan: semantics.OutputPlan | None = None) -> None:
     if len(t_obs) != len(r_obs):
         rec.status, rec.kind = "fail", "exact"
         rec.reason = f"the target returned {len(t_obs)} results, the reference {len(r_obs)}"
         rec.ratio = math.inf
         return
     pairs = [(j, t, r) for j, (t, r) in enumerate(zip(t_obs, r_obs)) if t is not None or r is not None]
+    if oplan is not None:  # outputs with backend-specific semantics: excluded, or compared as the table says
+        rec.excluded = oplan.note()
+        pairs = [(j, *oplan.prepare(j, t, r)) for j, t, r in pairs if not oplan.excluded(j)]
     rec.outputs_compared = len(pairs)
     equal = {j: tol.bitwise_equal(t, r) for j, t, r in pairs}
     floating = [j for j, _t, r in pairs if tol.is_floating(r)]
@@ -681,7 +688,8 @@ def replay_digests(plan: dict[str, Any], target: Any, seed: int) -> list[DigestR
                 walker.release(spec.index)
                 continue
             seen = observe(res, args, kwargs, spec)
-            category = classify(spec.qualified)
+            category = classify(spec.qualified, semantics.bind(spec.schema, args, kwargs))
+            oplan = semantics.output_plan(spec.qualified, spec.schema, res, spec.mutated, args, kwargs, spec.name)
             if category == "undefined memory":
                 for v in seen:
                     if isinstance(v, torch.Tensor) and v.numel():
@@ -695,7 +703,9 @@ def replay_digests(plan: dict[str, Any], target: Any, seed: int) -> list[DigestR
             else:
                 walker.bind(op, res)
             if category is None:
-                rec.digests = [digest(v) for v in seen]
+                rec.digests = [digest(v) if oplan is None else
+                               "not compared" if oplan.excluded(j) else digest(oplan.canonical(j, v))
+                               for j, v in enumerate(seen)]
             else:
                 rec.reason = category
             walker.release(spec.index)
