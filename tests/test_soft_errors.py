@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from mystique.validators.soft_errors import _kernels, abft, bits, campaign, inject, stats
 from mystique.validators.soft_errors.protect import protect
@@ -139,6 +139,27 @@ def test_checked_mm_never_alarms_on_clean_data(m, k, n, dt, dist, scale, seed):
     c, rep = abft.checked_mm((a * s).to(dt), b.to(dt))
     assert not rep.alarm, rep.describe()
     assert c.dtype == dt and c.shape == (m, n)
+
+
+@settings(max_examples=120, deadline=None)
+@given(m=st.integers(1, 70), k=st.integers(1, 300), n=st.integers(1, 70), dt=st.sampled_from(FLOATS[1:]),
+       dist=st.sampled_from(campaign.DISTRIBUTIONS + ("constant", "same_rows")), scale=st.floats(-6, 4),
+       seed=st.integers(0, 2**31))
+def test_the_rounded_check_of_the_devices_half_gemm_never_alarms_on_clean_data(m, k, n, dt, dist, scale, seed):
+    # the device's own bf16/fp16 GEMM with its rounded output; fp16 reaches its subnormal range at the small
+    # scales (where the threshold's subnormal term, not u_out |c|, bounds the rounding)
+    g = torch.Generator().manual_seed(seed)
+    if dist == "constant":
+        a, b = torch.full((m, k), 0.1), torch.full((k, n), 0.7)
+    elif dist == "same_rows":
+        a, b = torch.rand(1, k, generator=g).expand(m, k).contiguous(), torch.rand(k, n, generator=g)
+    else:
+        a, b = campaign.random_matrix((m, k), dist, g), campaign.random_matrix((k, n), dist, g)
+    a, b = (a * 10.0**scale).to(dt), b.to(dt)
+    assume(float((a.float() @ b.float()).abs().max()) < torch.finfo(dt).max / 2)  # (an overflow is an alarm)
+    c, rep = abft.checked_mm(a, b, check_rounded=True)
+    assert not rep.alarm, rep.describe()
+    assert c.dtype == dt and rep.op == "gemm_rounded" and torch.equal(c, a @ b)  # the device's own half GEMM
 
 
 @pytest.mark.parametrize("dt", [torch.float32, torch.bfloat16, torch.float16, torch.int8])

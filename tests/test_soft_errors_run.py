@@ -41,6 +41,19 @@ def test_run_on_a_healthy_cpu_passes_and_reports_rates_with_intervals(tmp_path):
     assert fp["false_positive_rate"] == 0 and fp["trials"] == 90 and 0 < fp["false_positive_rate_ci_high"] < 0.05
     det = df[(df.check == "detection_campaign") & (df.subject == "all")].set_index("metric").value
     assert det["detection_rate"] == 1.0 and det["trials"] > 40 and det["detection_rate_ci_low"] > 0.9
+    # measurements are info, checks carry a verdict: interval bounds, trial counts and target-less rates
+    st_ = df.set_index(["check", "subject", "metric"]).status
+    assert st_["detection_campaign", "all", "detection_rate"] == "pass"
+    assert (df[df.metric.isin(["trials", "significant_fraction"])].status == "info").all()
+    ci = df[df.metric.isin(["detection_rate_ci_low", "false_positive_rate_ci_high"])]
+    assert (ci.status == "info").sum() > 10 and set(ci.status) <= {"info", "skip"}  # (skip: no significant flip)
+    from mystique.validators.soft_errors import runner
+
+    res = runner.Results(runner.RunContext("cpu"), "soft_errors")  # a rate without a target: a contrast
+    runner._rate_rows(res, "detection_campaign", "x", "", "detection_rate", 3, 4, target=None, higher_is_better=True,
+                      detail="")
+    assert [r["status"] for r in res.rows] == ["info"] * 4
+    assert set(df[df.threshold.notna()].status) <= {"pass", "skip"} and "info" not in set(df[df.threshold.notna()].status)
     assert {"bit_class/exponent", "bit_class/mantissa", "bit_class/sign"} <= set(df.subject)
     assert list(tmp_path.glob("campaign_detection_*.jsonl")) and list(tmp_path.glob("campaign_false_positives_*"))
 
@@ -56,6 +69,7 @@ def test_pvf_ranks_the_parameter_groups_of_the_debug_dlrm():
     lo = df[df.metric == "pvf_ci_low"].set_index("subject").value
     hi = df[df.metric == "pvf_ci_high"].set_index("subject").value
     assert ((lo <= pvf) & (pvf <= hi)).all()
+    assert (df.status == "info").all()  # a PVF is a measurement, not a check
 
 
 def test_sdc_screen_reports_the_first_mismatch_of_a_corrupted_run():
@@ -207,7 +221,10 @@ def test_overhead_group_times_the_product_paths_with_an_aa_control():
     assert set(ov.index) == {"gemm_48", "linear_48", "protect_linear_48", "gemm_1024", "linear_1024",
                              "protect_linear_1024", f"embedding_bag_{shape}", f"embedding_bag_8bit_{shape}",
                              f"protect_embedding_bag_{shape}"}
-    assert ov.threshold.isna()[["gemm_48", "linear_48"]].all() and (ov.status[["gemm_48", "linear_48"]] == "pass").all()
+    assert ov.threshold.isna()[["gemm_48", "linear_48"]].all() and (ov.status[["gemm_48", "linear_48"]] == "info").all()
+    targeted = ov[ov.threshold.notna()]
+    assert set(targeted.status) <= {"pass", "fail", "inconclusive"}
+    assert targeted.detail.str.contains("verdict from the 95% interval").all()
     assert (ov.threshold[["gemm_1024", "linear_1024", "protect_linear_1024"]] == 0.05).all()
     assert (ov.threshold[[f"embedding_bag_{shape}", f"protect_embedding_bag_{shape}"]] == 0.10).all()
     aa = df[df.metric == "aa_relative_difference"].subject
@@ -218,4 +235,25 @@ def test_overhead_group_times_the_product_paths_with_an_aa_control():
     floors = df[df.metric == "abft_floor"].set_index("subject")
     assert set(floors.index) == {"gemm_passes_floor_48", "gemm_passes_floor_1024",
                                  f"embedding_bag_gather_floor_{shape}", f"embedding_bag_8bit_gather_floor_{shape}"}
-    assert floors.threshold.isna().all() and (floors.status == "pass").all()  # information, no verdict
+    assert floors.threshold.isna().all() and (floors.status == "info").all()  # measurements, no verdict
+    assert (df[df.metric == "aa_relative_difference"].status == "info").all()
+
+
+@pytest.mark.parametrize("checked, status", [
+    ([1.01, 1.02, 1.03, 1.02, 1.01, 1.02, 1.03, 1.02, 1.01], "pass"),  # whole interval within +5%
+    ([1.08, 1.09, 1.10, 1.09, 1.08, 1.09, 1.10, 1.09, 1.08], "fail"),  # whole interval above
+    ([1.01, 1.09, 1.02, 1.08, 1.03, 1.07, 1.04, 1.08, 1.09], "inconclusive"),  # median 1.07, interval across 5%
+    ([1.00, 1.00, 1.00, 1.00, 1.00, 1.00, 1.00, 1.00, 1.11], "pass"),  # an outlier round moves neither
+])
+def test_overhead_verdicts_come_from_the_interval_not_the_median_alone(checked, status):
+    from mystique.validators.soft_errors import runner
+
+    base = [1.0] * len(checked)
+    t = overhead.Timings({"b": base, "c": checked}, {"b": base, "c": checked}, len(base), "test", 1e-9)
+    res = runner.Results(runner.RunContext("cpu"), "soft_errors")
+    runner._overhead_rows(res, t, "9", (("gemm", "c", "b", "float32", "demo"),), (("floor", "c", "b", "demo"),),
+                          0.05, "common")
+    rows = {r["metric"]: r for r in res.rows}
+    lo, hi = t.interval("c", "b")
+    assert rows["abft_overhead"]["status"] == status and rows["abft_floor"]["status"] == "info"
+    assert (status == "pass") == (hi <= 0.05) and (status == "fail") == (lo > 0.05)

@@ -8,6 +8,9 @@ are the validator contract; the pieces are usable on their own:
                    ``checked_table``), ``checked_quantized_embedding_bag`` -> ``(result, CheckReport)``;
                    ``encode_linear`` / ``verify_linear`` (a Linear's weight side encoded once);
                    ``verify_bag_output`` (any EmbeddingBag output against ``EmbeddingChecks``)
+* :mod:`.exact`    exact integer checksums and the int8 product with kernels every device has
+                   (elementwise products, int64-accumulated sums, ``_int_mm`` padded to CUDA's shapes)
+* :mod:`.half`     the device's own bf16/fp16 GEMM: with fp32 output (``mm(out_dtype=float32)``) or rounded
 * :mod:`.overhead` interleaved side-by-side timing of the checked paths (the ``overhead`` group)
 * :mod:`.protect`  ``protect(model)`` -> Guard (hooks on every Linear/Embedding/EmbeddingBag)
 * :mod:`.bits`     exact bit flips and bit classes per dtype

@@ -52,12 +52,18 @@ and ``||r||`` once per weight version (cached), so a checked call costs one pass
 (``x (W^T W_chk)``, and on the CPU its row norms) and one over the output.
 
 bf16/fp16 GEMMs are computed with fp32 accumulation and checked *on the fp32 accumulator*, then
-rounded. Checking the rounded output instead would have to allow each output element its rounding
-error ``2^-8 |c_ij|`` (bf16): a threshold 2^16 times larger, which lets every flip below about the
-eighth mantissa bit of the result through, and every flip of the accumulator that rounding does not
-erase but that stays below that bound. ``check_rounded=True`` does exactly that, for comparison.
+rounded. The accumulator is the device's own half-precision GEMM with an fp32 output where the
+backend has one (``torch.mm(out_dtype=torch.float32)``: CUDA), else the fp32 GEMM of the upcast
+operands (the CPU has no such kernel; see :mod:`.half`). Checking the rounded output instead would
+have to allow each output element its rounding error ``2^-8 |c_ij|`` (bf16): a threshold 2^16 times
+larger, which lets every flip below about the eighth mantissa bit of the result through, and every
+flip of the accumulator that rounding does not erase but that stays below that bound.
+``check_rounded=True`` does exactly that, on the device's own half-precision GEMM with its rounded
+output (every backend has that one), for comparison and where no fp32-output kernel exists.
 
-int8 GEMMs accumulate in int32 and are checked exactly (int64 row and column checksums, equality).
+int8 GEMMs are the int32 product of the device's int8 GEMM and are checked exactly (int64 row and
+column checksums, equality), with only elementwise integer products and int64-accumulated sums, which
+every backend has (CUDA has no integer GEMM/GEMV, MPS no fp64; see :mod:`.exact`).
 
 EmbeddingBag (fp32 tables, and 8-bit row-wise quantized tables with per-row scale and bias in the
 fbgemm layout; sum and mean pooling) is checked against per-row checksums ``W 1`` computed in fp64
@@ -99,7 +105,7 @@ import torch.nn.functional as F
 
 from mystique.errors import UsageError
 
-from . import _kernels
+from . import _kernels, exact, half
 
 UNIT_ROUNDOFF: dict[torch.dtype, float] = {
     torch.float64: 2.0**-53,
@@ -333,9 +339,8 @@ def encode_gemm(a: torch.Tensor, b: torch.Tensor, checks: str = "row",
     m, k = a.shape
     n = b.shape[1]
     if a.dtype in (torch.int8, torch.uint8):
-        a64, b64 = a.to(torch.int64), b.to(torch.int64)
-        ref_row = a64 @ b64.sum(1)
-        ref_col = a64.sum(0) @ b64
+        # exact int64 checksums from elementwise products and int64 sums (no integer GEMV: CUDA has none)
+        ref_row, ref_col = exact.int8_checksums(a, b)
         if bias is not None:
             ref_row = ref_row + bias.to(torch.int64).sum()
             ref_col = ref_col + m * bias.to(torch.int64)
@@ -351,6 +356,7 @@ def gemm_factor(k: int, m: int, n: int, u: float, lam: float) -> float:
 
 
 _CONSTANTS: dict[tuple[Any, ...], tuple[float, float, float]] = {}
+_OUT_SUBNORMAL = {half.U_HALF[dt]: half.SUBNORMAL_HALF_SPACING[dt] for dt in half.HALF}
 
 
 def _gemm_constants(k: int, m: int, n: int, u: float, lam: float, u_out: float, dtype: torch.dtype
@@ -361,8 +367,11 @@ def _gemm_constants(k: int, m: int, n: int, u: float, lam: float, u_out: float, 
     if hit is None:
         if len(_CONSTANTS) >= 4 * _MAX_CACHED:
             _CONSTANTS.clear()
+        # an output rounded to a half dtype (u_out) errs by up to half a subnormal spacing below the normal
+        # range, where u_out |c| does not bound it: max(M, N) such terms in a row or column checksum
+        tiny_out = max(m, n) * _OUT_SUBNORMAL.get(u_out, 0.0)
         hit = _CONSTANTS[key] = (gemm_factor(k, m, n, u, lam) + u_out, u * (k + math.log2(max(m, n, 2)) + 2.0),
-                                 float(torch.finfo(dtype).tiny) * (k + m + n))
+                                 float(torch.finfo(dtype).tiny) * (k + m + n) + tiny_out)
     return hit
 
 
@@ -489,10 +498,9 @@ def verify_gemm(enc: GemmEncoding, c: torch.Tensor, *, dtype: torch.dtype, lam: 
     shape = (enc.m, enc.k, enc.n)
     rows: list[int] = []
     cols: list[int] = []
-    if enc.exact:
-        c64 = c.to(torch.int64)
-        rows = torch.nonzero(c64.sum(1) != enc.ref_row).flatten().tolist()
-        cols = torch.nonzero(c64.sum(0) != enc.ref_col).flatten().tolist()
+    if enc.exact:  # int64-accumulated sums of the int32 product: exact (|sum| <= 2^31 max(M, N) < 2^63)
+        rows = torch.nonzero(c.sum(1, dtype=torch.int64) != enc.ref_row).flatten().tolist()
+        cols = torch.nonzero(c.sum(0, dtype=torch.int64) != enc.ref_col).flatten().tolist()
         alarm = bool(rows or cols)
         loc = (rows[0], cols[0]) if rows and cols else None
         return CheckReport(op, _dt(dtype), alarm, math.inf if alarm else 0.0, True, rows[:16], cols[:16], loc, shape)
@@ -517,16 +525,26 @@ def verify_gemm(enc: GemmEncoding, c: torch.Tensor, *, dtype: torch.dtype, lam: 
 
 
 def _accumulate(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """The product in the accumulation dtype: fp32 for floats (exact products, fp32 sums), int32 for int8."""
+    """The product in the accumulation dtype on the device: int8 -> the exact int32 product of the device's
+    int8 GEMM (:func:`.exact.int8_mm`); bf16/fp16 -> the fp32 accumulator of the device's own half-precision
+    GEMM where it has one with an fp32 output (:func:`.half.device_half_mm`), else the fp32 GEMM of the
+    upcast operands (exact products, fp32 sums); fp32 -> ``a @ b``."""
     if a.dtype == torch.int8:
-        try:
-            return torch._int_mm(a, b)
-        except RuntimeError:  # shapes or device the fused int8 kernel does not take
-            return (a.to(torch.int32) @ b.to(torch.int32)) if a.device.type == "cpu" else \
-                (a.to(torch.int64) @ b.to(torch.int64)).to(torch.int32)
-    if a.dtype in (torch.bfloat16, torch.float16):
-        return a.float() @ b.float()
+        return exact.int8_mm(a, b)
+    if a.dtype in half.HALF:
+        acc = half.device_half_mm(a, b)
+        return acc if acc is not None else a.float() @ b.float()
     return a @ b
+
+
+def half_kind(a: torch.Tensor) -> str:
+    """How :func:`checked_mm` computes and checks a bf16/fp16 product of ``a`` now: ``fp32_out`` (the device's
+    half GEMM with fp32 output) or ``upcast`` (fp32 GEMM of the upcast operands; this backend has no half
+    GEMM with fp32 output). Probes the device once (a tiny product) where it is not known yet."""
+    if half.missing(a.device):
+        return "upcast"
+    probe = torch.zeros((1, 1), dtype=a.dtype, device=a.device)
+    return "fp32_out" if half.device_half_mm(probe, probe) is not None else "upcast"
 
 
 #: A compiled exact verdict (fp64-accumulated norms) is taken as clean only below this ratio; above it
@@ -582,8 +600,13 @@ def checked_mm(a: torch.Tensor, b: torch.Tensor, *, checks: str = "row", lam: fl
     """``a @ b`` with weighted row checksums (``checks``: ``row``, ``col`` or ``both``); returns ``(c, report)``.
 
     fp32: checked as computed. bf16/fp16: accumulated and checked in fp32, then rounded to the input
-    dtype (``check_rounded=True`` checks the rounded output instead; weaker, for comparison).
-    int8: int32 result, exact row and column checks.
+    dtype; the accumulator is the device's own half-precision GEMM with fp32 output where the backend
+    has one (:func:`.half.device_half_mm`: CUDA), else the fp32 GEMM of the upcast operands (the CPU).
+    ``check_rounded=True`` runs the device's half-precision GEMM with its rounded output
+    (:func:`.half.rounded_half_mm`, every backend) and checks that output, its rounding in the
+    threshold (weaker: a flip below the rounding bound of its row goes unseen; an output that
+    overflows the half dtype differs from the product and reads as an alarm).
+    int8: the int32 product of the device's int8 GEMM, exact row and column checks.
     """
     if checks == "row" and not exact_ratio and not check_rounded and a.dim() == 2 and b.dim() == 2 and \
             a.shape[1] == b.shape[0] and a.shape[0] and _compiled_ok(a, b):  # (fp32 on the CPU: the hot path first)
@@ -599,20 +622,28 @@ def checked_mm(a: torch.Tensor, b: torch.Tensor, *, checks: str = "row", lam: fl
         enc = encode_gemm(a, b, checks)
         c = _accumulate(a, b)
         return c, verify_gemm(enc, c, dtype=a.dtype, op="gemm")
+    is_half = a.dtype in half.HALF
     a32, b32 = (a, b) if a.dtype == torch.float32 else (a.float(), b.float())
-    if checks == "row" and not exact_ratio and not check_rounded and a32.shape[0] and _compiled_ok(a32, b32):
+    if is_half and check_rounded:
+        enc = encode_gemm(a32, b32, checks)
+        out = half.rounded_half_mm(a, b)
+        return out, verify_gemm(enc, out.float(), dtype=a.dtype, lam=lam, u=half.accumulation_u(a),
+                                u_out=UNIT_ROUNDOFF[a.dtype], op="gemm_rounded", exact_ratio=exact_ratio)
+    if checks == "row" and not exact_ratio and a32.shape[0] and (not is_half or half.missing(a.device)) and \
+            _compiled_ok(a32, b32):
         return _compiled_mm(a32, b32, a.dtype, lam)
     enc = encode_gemm(a32, b32, checks)
-    if not exact_ratio and not check_rounded:
+    if not exact_ratio:
         _prime(enc, lam)
-    acc = a32 @ b32
+    acc = half.device_half_mm(a, b) if is_half else None
+    u = None  # (the unit roundoff of c's dtype, fp32, unless the device's half GEMM accumulates otherwise)
+    if acc is None:
+        acc = a32 @ b32
+    elif half.accumulation_u(a) != UNIT_ROUNDOFF[torch.float32]:
+        u = half.accumulation_u(a)
     if a.dtype == torch.float32:
         return acc, verify_gemm(enc, acc, dtype=a.dtype, lam=lam, exact_ratio=exact_ratio)
-    out = acc.to(a.dtype)
-    if check_rounded:
-        return out, verify_gemm(enc, out.float(), dtype=a.dtype, lam=lam, u=UNIT_ROUNDOFF[torch.float32],
-                                u_out=UNIT_ROUNDOFF[a.dtype], op="gemm_rounded", exact_ratio=exact_ratio)
-    return out, verify_gemm(enc, acc, dtype=a.dtype, lam=lam, exact_ratio=exact_ratio)
+    return acc.to(a.dtype), verify_gemm(enc, acc, dtype=a.dtype, lam=lam, u=u, exact_ratio=exact_ratio)
 
 
 # ----------------------------------------------------------------------------- Linear

@@ -3,20 +3,26 @@
 Groups (``groups(level)``):
 
 * ``abft_gemm``          checked GEMM per dtype and checked Linear layers of a workload: clean run passes,
-                         an injected accumulator/operand/output flip is detected and located;
+                         an injected accumulator/operand/output flip is detected and located; bf16/fp16 on the
+                         device's own half-precision GEMM (its fp32 output where the backend has one, else its
+                         rounded output with the rounding in the threshold), int8 on its int8 GEMM;
 * ``abft_embedding_bag`` checked EmbeddingBag (fp32 sum/mean, 8-bit row-wise sum/mean): same;
 * ``false_positives``    clean checked operations (random shapes, scales, distributions, dtypes) and
                          protected workload forwards: alarms must be zero; rate with Wilson interval;
 * ``detection_campaign`` injected flips per op, site, bit class and pattern: detection rate of
                          significant flips (Wilson interval, trials), benign flips counted apart;
-* ``pvf``                Parameter Vulnerability Factor per parameter group of DLRM, BERT, Llama;
+* ``pvf``                Parameter Vulnerability Factor per parameter group of DLRM, BERT, Llama (measurements:
+                         status ``info``);
 * ``sdc_screen``         repeat-and-compare screening with fp64 goldens;
 * ``overhead``           checked / unchecked time - 1 of the product's checked paths: fp32 GEMM, Linear and
                          protected Linear (n >= 1024: target 5%), EmbeddingBag fp32 / 8-bit / protected
                          (target 10%), with an A/A row giving the resolution and ``abft_floor`` rows (the
                          bare memory traffic of a check, no verdict) (seeded random order each
-                         round, median of paired ratios with a 95% order-statistics interval; see
-                         :mod:`.overhead`).
+                         round, median of paired ratios with a 95% order-statistics interval, which decides:
+                         pass inside the target, fail above it, inconclusive across it; see :mod:`.overhead`).
+
+Rows without a verdict (rates without a target, interval bounds, trial counts, PVFs, times and
+overheads without a target) are measurements, status ``info``.
 
 Every operator of the device under test runs inside ``target.active()``; goldens outside it.
 """
@@ -25,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import random
 from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
@@ -38,8 +45,9 @@ from mystique.errors import UsageError
 from mystique.progress import Progress
 from mystique.results import Results, RunContext
 
-from . import abft, campaign, overhead, pvf, sdc
-from .inject import flip_module_output, flip_tensor
+from . import abft, campaign, half, overhead, pvf, sdc
+from .bits import flip_random
+from .inject import flip_module_output, flip_tensor, hash_seed
 from .protect import protect
 from .stats import wilson
 
@@ -88,21 +96,24 @@ def _threads(device: str, n: int | None) -> Iterator[None]:
 
 def _rate_rows(res: Results, check: str, subject: str, dtype: str, metric: str, hits: int, n: int, *,
                target: float | None, higher_is_better: bool, detail: str) -> None:
-    """Rows ``metric``, ``metric_ci_low``, ``metric_ci_high`` and ``trials`` for one rate."""
+    """Rows ``metric``, ``metric_ci_low``, ``metric_ci_high`` and ``trials`` for one rate.
+
+    The rate is a check (pass/fail against ``target``) where it has a target, else a measurement
+    (``info``); its interval bounds and the trial count are always measurements."""
     lo, hi = wilson(hits, n)
     rate = hits / n if n else math.nan
     if n == 0:
         status = "skip"
     elif target is None:
-        status = "pass"
+        status = "info"
     else:
         status = "pass" if (rate >= target if higher_is_better else rate <= target) else "fail"
     res.add(check, subject, metric, rate, status=status, threshold=target, dtype=dtype, detail=detail)
-    res.add(check, subject, f"{metric}_ci_low", lo, status="pass" if n else "skip", dtype=dtype,
+    res.add(check, subject, f"{metric}_ci_low", lo, status="info" if n else "skip", dtype=dtype,
             detail="Wilson 95% interval")
-    res.add(check, subject, f"{metric}_ci_high", hi, status="pass" if n else "skip", dtype=dtype,
+    res.add(check, subject, f"{metric}_ci_high", hi, status="info" if n else "skip", dtype=dtype,
             detail="Wilson 95% interval")
-    res.add(check, subject, "trials", n, status="pass" if n else "skip", dtype=dtype)
+    res.add(check, subject, "trials", n, status="info", dtype=dtype)
 
 
 # ----------------------------------------------------------------------------- groups
@@ -120,26 +131,44 @@ def _group_abft_gemm(res: Results, target: Any, seed: int, opts: dict[str, Any])
             b = torch.randn(shape[1:], generator=g).to(getattr(torch, dt))
         a, b = a.to(dev), b.to(dev)
         golden = abft._accumulate(a.cpu(), b.cpu())
+        # bf16/fp16: the device's own half-precision GEMM, through its fp32 output where it has one, else
+        # with its rounded output (the fp32 GEMM of upcast operands would not run the half-precision units)
+        kind = ""
+        if a.dtype in half.HALF:
+            with target.active():
+                kind = "fp32_out" if abft.half_kind(a) == "fp32_out" else "rounded"
+        how = f"; {half.describe(kind, a.dtype)}" if kind else ""
         with target.active():
-            c, rep = abft.checked_mm(a, b)
+            c, rep = abft.checked_mm(a, b, check_rounded=kind == "rounded")
         expect = golden if dt in ("float32", "int8") else golden.to(a.dtype)
         same = torch.equal(c.cpu(), expect) if dt == "int8" else bool(
             torch.allclose(c.cpu().float(), expect.float(), rtol=1e-2, atol=1e-2))
         res.add("abft_gemm", "checked_mm", "clean_alarm", float(rep.alarm), dtype=dt, threshold=0,
                 status="fail" if rep.alarm else "pass",
-                detail=f"{rep.describe()} seed={seed}" + ("" if same else "; result differs from the CPU golden"))
-        # one flip in the accumulator, between product and check
+                detail=f"{rep.describe()} seed={seed}" + ("" if same else "; result differs from the CPU golden") + how)
+        # one flip in the accumulator (the rounded output where that is what the device gives), between
+        # product and check
         bit_class = "high" if dt == "int8" else "exponent"
         with target.active():
             enc = abft.encode_gemm(a, b) if dt == "int8" else abft.encode_gemm(a.float(), b.float())
-            acc = abft._accumulate(a, b)
-            rec = flip_tensor(acc, seed=seed, site="gemm_output", name=f"gemm_{dt}", bit_class=bit_class)
-            rep = abft.verify_gemm(enc, acc, dtype=a.dtype)
+            if kind == "rounded":
+                out = half.rounded_half_mm(a, b)
+                # its largest element: an exponent flip moves it by >= |c_ij| / 2, well above the rounding
+                # bound of its row (u_out sum_j |c_ij|), which a smaller element's flip may stay under
+                rec = flip_random(out, random.Random(hash_seed(seed, "abft_gemm", dt)), bit_class=bit_class,
+                                  site="gemm_output", target=f"gemm_{dt}", seed=seed,
+                                  index=int(out.float().abs().argmax()))
+                rep = abft.verify_gemm(enc, out.float(), dtype=a.dtype, u=half.accumulation_u(a),
+                                       u_out=abft.UNIT_ROUNDOFF[a.dtype], op="gemm_rounded")
+            else:
+                acc = abft._accumulate(a, b)
+                rec = flip_tensor(acc, seed=seed, site="gemm_output", name=f"gemm_{dt}", bit_class=bit_class)
+                rep = abft.verify_gemm(enc, acc, dtype=a.dtype)
         i, j = divmod(rec.index, shape[2])
         located = rep.location == (i, j)
         res.add("abft_gemm", "checked_mm", "injected_detected", float(rep.alarm and located), dtype=dt,
                 threshold=1, status="pass" if rep.alarm and located else "fail",
-                detail=f"{rec.describe()}; {rep.describe()} (expected location {(i, j)})")
+                detail=f"{rec.describe()}; {rep.describe()} (expected location {(i, j)}){how}")
     # checked Linear layers of a real workload (DLRM debug), with a flip in one Linear output
     wl = _workload("dlrm")
     if wl is None:
@@ -313,7 +342,7 @@ def _group_detection(res: Results, target: Any, seed: int, opts: dict[str, Any])
                    target=target_rate, higher_is_better=True,
                    detail=f"all sites and bit classes; {tol}" + (
                        "; contrast: bf16 checked after rounding (not the product's method)"
-                       if op in campaign.CONTRAST_OPS else ""))
+                       if op in campaign.CONTRAST_OPS else "") + _accumulator(op, target))
     real = [o for o in outcomes if o["op"] not in campaign.CONTRAST_OPS]
     for cls, outs in sorted(per_class.items()):
         sig = [o for o in outs if o["significant"] and o["op"] not in campaign.CONTRAST_OPS]
@@ -325,7 +354,18 @@ def _group_detection(res: Results, target: Any, seed: int, opts: dict[str, Any])
                target=DETECTION_TARGET, higher_is_better=True,
                detail=f"{len(real)} injected flips, {len(sig)} significant; {tol}; {camp.resumed} trials resumed")
     res.add("detection_campaign", "all", "significant_fraction", len(sig) / len(real) if real else math.nan,
-            status="pass", detail="share of injected flips that are significant")
+            status="info", detail="share of injected flips that are significant")
+
+
+def _accumulator(op: str, target: Any) -> str:
+    """Which product a detection campaign's half-precision GEMM trials flipped and checked (for the detail)."""
+    kind = op.removeprefix("gemm_").removesuffix("_rounded_check")
+    dt = getattr(torch, kind, None) if op.startswith("gemm_") else None
+    if dt not in half.HALF:
+        return ""
+    with target.active():
+        how = abft.half_kind(torch.zeros(1, 1, dtype=dt, device=target.device))
+    return f"; accumulator: {half.describe(how, dt)}"
 
 
 def _pvf_rows(res: Results, name: str, outcomes: list[dict[str, Any]], config: str, seed: int) -> None:
@@ -344,11 +384,11 @@ def _pvf_rows(res: Results, name: str, outcomes: list[dict[str, Any]], config: s
         detail = f"{name} {config}, one random bit flip per trial, seed={seed}"
         if first:
             detail += f"; e.g. {first['param']}[{first['index']}] bits {first['bits']} {first['original']:.3g}->{first['corrupted']:.3g}"
-        res.add("pvf", subj, "pvf", k / n, status="pass", dtype="float32", detail=detail)
-        res.add("pvf", subj, "pvf_ci_low", lo, status="pass", dtype="float32", detail="Wilson 95% interval")
-        res.add("pvf", subj, "pvf_ci_high", hi, status="pass", dtype="float32", detail="Wilson 95% interval")
-        res.add("pvf", subj, "trials", n, status="pass", dtype="float32")
-        res.add("pvf", subj, "pvf_rank", rank, status="pass", dtype="float32",
+        res.add("pvf", subj, "pvf", k / n, status="info", dtype="float32", detail=detail)
+        res.add("pvf", subj, "pvf_ci_low", lo, status="info", dtype="float32", detail="Wilson 95% interval")
+        res.add("pvf", subj, "pvf_ci_high", hi, status="info", dtype="float32", detail="Wilson 95% interval")
+        res.add("pvf", subj, "trials", n, status="info", dtype="float32")
+        res.add("pvf", subj, "pvf_rank", rank, status="info", dtype="float32",
                 detail=f"rank among {len(stats)} parameter groups of {name} (1 = most vulnerable)")
 
 
@@ -389,19 +429,30 @@ def _group_sdc(res: Results, target: Any, seed: int, opts: dict[str, Any]) -> No
 def _overhead_rows(res: Results, t: Any, suffix: str, comparisons: tuple, floors: tuple, target: float | None,
                    common: str, note: str = "") -> None:
     """The ``abft_overhead`` rows of ``comparisons`` (name, checked, base, dtype, what) against ``target``
-    and the informational ``abft_floor`` rows of ``floors`` (name, checked, base, what) from one timing."""
+    and the ``abft_floor`` measurements of ``floors`` (name, checked, base, what) from one timing.
+
+    A row with a target is decided by the 95% interval of its median overhead: pass when the interval
+    lies within the target, fail when it lies entirely above it, inconclusive when it straddles it
+    (the timing cannot tell); a row without a target is a measurement (``info``)."""
     for name, checked, base, dt, what in comparisons:
         ov = t.overhead(checked, base)
         lo, hi = t.interval(checked, base)
+        verdict = ""
+        if target is None:
+            status = "info"
+        else:
+            status = "pass" if hi <= target else ("fail" if lo > target else "inconclusive")
+            verdict = (f"; verdict from the 95% interval against {target:+.0%}: "
+                       + {"pass": "within", "fail": "entirely above", "inconclusive": "straddles it"}[status])
         res.add("overhead", f"{name}_{suffix}", "abft_overhead", ov, threshold=target, unit="ratio", dtype=dt,
-                status="pass" if target is None or ov <= target else "fail",
-                detail=f"{what}: {ov:+.2%} (95% interval {lo:+.2%} .. {hi:+.2%}); "
+                status=status,
+                detail=f"{what}: {ov:+.2%} (95% interval {lo:+.2%} .. {hi:+.2%}){verdict}; "
                        f"unchecked {t.median[base] * 1e3:.3f} ms, checked {t.median[checked] * 1e3:.3f}"
                        f" ms (wall {t.wall[base] * 1e3:.3f} / {t.wall[checked] * 1e3:.3f} ms); {common}{note}")
     for name, checked, base, what in floors:
         ov = t.overhead(checked, base)
         lo, hi = t.interval(checked, base)
-        res.add("overhead", f"{name}_{suffix}", "abft_floor", ov, unit="ratio", dtype="float32", status="pass",
+        res.add("overhead", f"{name}_{suffix}", "abft_floor", ov, unit="ratio", dtype="float32", status="info",
                 detail=f"{what}: {ov:+.2%} (95% interval {lo:+.2%} .. {hi:+.2%}); {common}")
 
 
@@ -424,7 +475,7 @@ def _group_overhead(res: Results, target: Any, seed: int, opts: dict[str, Any]) 
                       f"average {load0:.2f} -> {load1:.2f}; "
                       f"clock resolution {t.resolution:.0e} s; float32 n={n} (M=K=N)")
             res.add("overhead", f"timing_resolution_{n}", "aa_relative_difference", aa, unit="ratio",
-                    dtype="float32", status="pass", detail=common)
+                    dtype="float32", status="info", detail=common)
             applies = int(n) >= overhead.GEMM_TARGET_MIN_N
             _overhead_rows(res, t, str(n), overhead.GEMM_COMPARISONS, overhead.GEMM_FLOORS,
                            overhead.TARGETS["gemm"] if applies else None, common,
@@ -446,7 +497,7 @@ def _group_overhead(res: Results, target: Any, seed: int, opts: dict[str, Any]) 
                       f"{load1:.2f}; clock resolution {t.resolution:.0e} s; table {rows} x {d}, {bags} bags of {length}, "
                       "sum pooling")
             res.add("overhead", f"timing_resolution_{shape}", "aa_relative_difference", aa, unit="ratio",
-                    dtype="float32", status="pass", detail=common)
+                    dtype="float32", status="info", detail=common)
             _overhead_rows(res, t, shape, overhead.EMBEDDING_COMPARISONS, overhead.EMBEDDING_FLOORS,
                            overhead.TARGETS["embedding_bag"], common)
             del ef
