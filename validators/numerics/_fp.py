@@ -147,6 +147,17 @@ def round_to_tf32(x: torch.Tensor) -> torch.Tensor:
     return torch.where(torch.isfinite(x), r, x)
 
 
+def truncate_to_tf32(x: torch.Tensor) -> torch.Tensor:
+    """fp32 values with only their first 10 explicit mantissa bits kept (truncation); NaN/inf kept.
+
+    What a TF32 tensor core reads of an fp32 operand per PyTorch's numerical-accuracy note ("only
+    the first 10 bits of the input mantissa are read"): a relative error below ``2 u_tf32``.
+    """
+    b = x.contiguous().view(torch.int32)
+    r = (b & ~0x1FFF).view(torch.float32)
+    return torch.where(torch.isfinite(x), r, x)
+
+
 def hexbits(t: torch.Tensor) -> list[str]:
     """Hex strings of the bit patterns of a 1-D float tensor (for failure details)."""
     width = {torch.int16: 4, torch.int32: 8, torch.int64: 16}[bits_dtype(t.dtype)]

@@ -4,36 +4,53 @@ For each case and dtype (bf16, fp16, fp32): inputs are drawn in fp32 on the CPU 
 and rounded to the dtype; the golden is the same operator in fp64 on the CPU from those rounded
 inputs (outside ``target.active()``); the device runs the operator on the rounded inputs inside it.
 
-Bounds (all stated in the rows' ``threshold``):
+Bounds (all stated in the rows' ``threshold``, their derivation in the ``detail``):
 
-* ``normwise_error`` = ||out - golden|| / ||golden|| must be at most
-  ``2 * max(ideal, reference) + 4 * u32 * sqrt(n)`` (n: the op's reduction length, 1 for
-  elementwise ops; the fp32 computation of a well-implemented reduction errs by about sqrt(n) u32), where ``ideal`` is the error of the golden rounded once to
-  the dtype (for outputs of fewer than 64 values at least the dtype's unit roundoff ``u``, since a
-  single rounding of a few numbers can land arbitrarily close to exact), and ``reference`` is the
-  error of a plain reference implementation where the op's standard algorithm rounds more than once:
-  GEMMs and convolutions accumulate sequentially in fp32 (the worst common order; blocked, tree or
-  split-K fp32 orders do better), ``sum``/``mean``/``cumsum`` likewise, and attention rounds the
-  score and probability matrices to the dtype before the next product (as flash-style kernels do).
+* Reductions (sum, mean, cumsum, softmax, log_softmax, layer_norm, rms_norm, cross_entropy,
+  embedding_bag): ``normwise_error`` = ||out - golden|| / ||golden|| must be at most ||b|| / ||golden||,
+  where b is a componentwise bound derived in :mod:`.bounds` that holds for ANY summation order the
+  device may use (sequential, blocked, tree, split over threads and blocks; partial sums kept in
+  fp32, or, where a real kernel does so, rounded to the dtype at every combine as CUDA's scan
+  does), plus the final rounding(s) to the dtype. fp32 accumulation uses Higham & Mary's
+  probabilistic gamma~ (a healthy device fails a row with probability at most 1e-6 under their
+  model) or the worst-case gamma where that is smaller.
+* Other ops: ``normwise_error`` must be at most ``2 * max(ideal, reference) + 4 * u32 * sqrt(n)``
+  (n: the op's reduction length, 1 for elementwise ops), where ``ideal`` is the error of the golden
+  rounded once to the dtype (for outputs of fewer than 64 values at least the dtype's unit roundoff
+  ``u``), and ``reference`` is the error of a plain reference implementation where the op's
+  standard algorithm rounds more than once: GEMMs and convolutions accumulate sequentially in fp32
+  (the worst common order), and attention rounds the score and probability matrices to the dtype
+  before the next product (as flash-style kernels do).
 * GEMMs (mm, bmm, addmm, linear, baddbmm, conv2d): ``componentwise_error`` =
   max_ij |C - C_ref|_ij / (|A||B|)_ij (plus |beta||M| for the added term) must be at most
   ``2 * (u_out + gamma_K(u32))``: the standard bound of an fp32-accumulating GEMM with one output
   rounding, doubled, which also admits a split-K GEMM whose partial sums are rounded to the output
   dtype once before the final reduction; a GEMM accumulating in bf16/fp16 exceeds it. Where the
-  device is allowed TF32 for fp32 GEMMs/convolutions (CUDA flags), inputs are rounded to TF32 in the
-  reference and the bound adds ``2 * u_tf32``; the row's detail says so.
+  device type under test (``target.device_type``: the emulated one when emulating) is CUDA and its
+  flags allow TF32 for fp32 GEMMs (``torch.backends.cuda.matmul.allow_tf32`` or a matmul precision
+  other than ``highest``) or convolutions (``torch.backends.cudnn.allow_tf32``, on by default),
+  the reference reads only the first 10 mantissa bits of its inputs (truncation: the worse of the
+  legal TF32 conversions, as PyTorch's numerical-accuracy note describes the tensor cores) and the
+  componentwise bound adds ``2 * u_tf32`` (a truncated input errs by less than ``2 u_tf32``); the
+  row's detail says "tf32 allowed".
 * Elementwise ops (exp, log, rsqrt, gelu erf/tanh, silu): ``max_ulp_error`` must be at most 1 ulp
   for bf16/fp16 (twice the 0.5 ulp of a correctly rounded result; an fp32 evaluation rounded once
   stays within it) and at most the per-op fp32 bound of ``FP32_ULP_BOUNDS``. bf16/fp16 inputs are
   exhaustive: every finite number of the dtype in the op's domain. gelu's error is measured in ulps
   of max(|y|, |x|) because the erf/tanh formulation cancels for negative x (the gate's absolute
   error, scaled by x). Results below the dtype's normal range are left to the ``subnormals`` check.
+* SDPA backends: a backend that has no kernel for the inputs (asked first: on CUDA through
+  ``torch.backends.cuda.can_use_*``; under an emulated CUDA through
+  :func:`mystique.emulation.attention.refusal`; elsewhere recognised from SDPA's own "no kernel"
+  refusal) gives a ``skip`` row with torch's reason; any other exception is an ``error``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import warnings
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -45,6 +62,7 @@ import torch.nn.functional as F
 
 from mystique.errors import UsageError
 
+from . import bounds as bd
 from ._ctx import Ctx, shapes_of, unsupported
 from ._fp import (
     FORMATS,
@@ -55,7 +73,7 @@ from ._fp import (
     dtype_name,
     gamma,
     normwise_error,
-    round_to_tf32,
+    truncate_to_tf32,
     ulp_error,
 )
 
@@ -75,7 +93,9 @@ class Case:
 
     ``make(g, dtype)`` returns fp32/int inputs; ``fn(**inputs)`` runs the op on any device/dtype;
     ``scale(**fp64 inputs)`` gives |A||B| for GEMMs; ``ref(inputs_in_dtype, dtype, tf32)`` the
-    reference implementation's output; ``ulp_scale(inputs64, golden)`` the elementwise ulp scale.
+    reference implementation's output; ``ulp_scale(inputs64, golden)`` the elementwise ulp scale;
+    ``bound(inputs64, golden, dtype)`` a derived componentwise error bound and its derivation
+    (:mod:`.bounds`), which replaces the reference-based normwise bound.
     """
 
     op: str
@@ -87,6 +107,7 @@ class Case:
     scale: Callable[..., torch.Tensor] | None = None
     ref: Callable[[Inputs, torch.dtype, bool], torch.Tensor] | None = None
     ulp_scale: Callable[[Inputs, torch.Tensor], torch.Tensor] | None = None
+    bound: Callable[[Inputs, torch.Tensor, torch.dtype], tuple[torch.Tensor, str]] | None = None
     dtypes: tuple[torch.dtype, ...] = SWEEP_DTYPES
     backend: Any = None
     tf32_flag: str = ""  # "matmul" or "conv"
@@ -177,21 +198,9 @@ def seq_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 def _in32(t: torch.Tensor, tf32: bool) -> torch.Tensor:
+    """fp32 operand of a reference GEMM; with TF32 allowed, only its first 10 mantissa bits."""
     t = t.float()
-    return round_to_tf32(t) if tf32 else t
-
-
-def seq_sum(x: torch.Tensor, dim: int = -1, cumulative: bool = False) -> torch.Tensor:
-    """Sequential fp32 sum (or running sum) along ``dim``."""
-    x = x.float().movedim(dim, -1)
-    acc = torch.zeros(x.shape[:-1])
-    outs = []
-    for i in range(x.shape[-1]):
-        acc = acc + x[..., i]
-        if cumulative:
-            outs.append(acc)
-    res = torch.stack(outs, -1) if cumulative else acc
-    return res.movedim(-1, dim) if cumulative else res
+    return truncate_to_tf32(t) if tf32 else t
 
 
 def attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dtype: torch.dtype, causal: bool) -> torch.Tensor:
@@ -321,35 +330,41 @@ def _other_cases(dims: dict[str, Any], full: bool, backends: list[Any]) -> list[
     T = 128 if full else 64
     vocab = 32000 if full else 1024
     n_red = 65536 if full else 4096
+    def eb_make(g: torch.Generator, dt: torch.dtype) -> Inputs:
+        return {"w": _randn(g, 1000, dl["emb"]), "idx": torch.randint(0, 1000, (256,), generator=g),
+                "off": torch.arange(0, 256, 8)}
+
     cases = [
         Case("softmax", f"rows_{vocab}", "other", lambda g, dt: {"x": _randn(g, T, vocab, scale=3.0)},
-             lambda x: torch.softmax(x, -1), k=vocab),
+             lambda x: torch.softmax(x, -1), k=vocab, bound=lambda x, y, dt: bd.softmax_bound(x["x"], y, dt)),
         Case("log_softmax", f"rows_{vocab}", "other", lambda g, dt: {"x": _randn(g, T, vocab, scale=3.0)},
-             lambda x: torch.log_softmax(x, -1), k=vocab),
+             lambda x: torch.log_softmax(x, -1), k=vocab,
+             bound=lambda x, y, dt: bd.log_softmax_bound(x["x"], y, dt)),
         Case("layer_norm", "bert_hidden", "other",
              lambda g, dt: {"x": _randn(g, T, bt["hidden"], scale=2.0) + 1.0, "w": 1 + _randn(g, bt["hidden"], scale=0.1),
                             "b": _randn(g, bt["hidden"], scale=0.1)},
-             lambda x, w, b: F.layer_norm(x, (x.shape[-1],), w, b, 1e-5), k=bt["hidden"]),
+             lambda x, w, b: F.layer_norm(x, (x.shape[-1],), w, b, 1e-5), k=bt["hidden"],
+             bound=lambda x, y, dt: bd.layer_norm_bound(x["x"], x["w"], x["b"], y, dt, 1e-5)),
         Case("rms_norm", "llama_hidden", "other",
              lambda g, dt: {"x": _randn(g, T, ll["hidden"], scale=2.0), "w": 1 + _randn(g, ll["hidden"], scale=0.1)},
-             lambda x, w: F.rms_norm(x, (x.shape[-1],), w, 1e-6), k=ll["hidden"]),
+             lambda x, w: F.rms_norm(x, (x.shape[-1],), w, 1e-6), k=ll["hidden"],
+             bound=lambda x, y, dt: bd.rms_norm_bound(x["x"], x["w"], y, dt)),
         Case("sum", f"rows_{n_red}", "other", lambda g, dt: {"x": _uniform(g, 16, n_red, lo=-0.5, hi=1.0)},
-             lambda x: x.sum(-1), k=n_red, ref=lambda x, dt, tf: seq_sum(x["x"]).to(dt)),
+             lambda x: x.sum(-1), k=n_red, bound=lambda x, y, dt: bd.sum_bound(x["x"], y, dt)),
         Case("mean", f"rows_{n_red}", "other", lambda g, dt: {"x": _uniform(g, 16, n_red, lo=-0.5, hi=1.0)},
-             lambda x: x.mean(-1), k=n_red, ref=lambda x, dt, tf: (seq_sum(x["x"]) / x["x"].shape[-1]).to(dt)),
+             lambda x: x.mean(-1), k=n_red, bound=lambda x, y, dt: bd.sum_bound(x["x"], y, dt, mean=True)),
         Case("cumsum", "rows_1024", "other", lambda g, dt: {"x": _uniform(g, 16, 1024, lo=-0.5, hi=1.0)},
-             lambda x: torch.cumsum(x, -1), k=1024, ref=lambda x, dt, tf: seq_sum(x["x"], cumulative=True).to(dt)),
-        Case("embedding_bag", "dlrm_sum", "other",
-             lambda g, dt: {"w": _randn(g, 1000, dl["emb"]), "idx": torch.randint(0, 1000, (256,), generator=g),
-                            "off": torch.arange(0, 256, 8)},
-             lambda w, idx, off: F.embedding_bag(idx, w, off, mode="sum")),
-        Case("embedding_bag", "dlrm_mean", "other",
-             lambda g, dt: {"w": _randn(g, 1000, dl["emb"]), "idx": torch.randint(0, 1000, (256,), generator=g),
-                            "off": torch.arange(0, 256, 8)},
-             lambda w, idx, off: F.embedding_bag(idx, w, off, mode="mean")),
+             lambda x: torch.cumsum(x, -1), k=1024, bound=lambda x, y, dt: bd.cumsum_bound(x["x"], y, dt)),
+        Case("embedding_bag", "dlrm_sum", "other", eb_make,
+             lambda w, idx, off: F.embedding_bag(idx, w, off, mode="sum"), k=8,
+             bound=lambda x, y, dt: bd.embedding_bag_bound(x["w"], x["idx"], x["off"], y, dt, mean=False)),
+        Case("embedding_bag", "dlrm_mean", "other", eb_make,
+             lambda w, idx, off: F.embedding_bag(idx, w, off, mode="mean"), k=8,
+             bound=lambda x, y, dt: bd.embedding_bag_bound(x["w"], x["idx"], x["off"], y, dt, mean=True)),
         Case("cross_entropy", f"vocab_{vocab}", "other",
              lambda g, dt: {"x": _randn(g, T, vocab, scale=2.0), "t": torch.randint(0, vocab, (T,), generator=g)},
-             lambda x, t: F.cross_entropy(x, t), k=vocab * T),
+             lambda x, t: F.cross_entropy(x, t), k=vocab * T,
+             bound=lambda x, y, dt: bd.cross_entropy_bound(x["x"], x["t"], y, dt)),
     ]
     seq = 256 if full else 64
     for be in backends:
@@ -362,7 +377,7 @@ def _other_cases(dims: dict[str, Any], full: bool, backends: list[Any]) -> list[
                 lambda q, k, v, causal=causal: F.scaled_dot_product_attention(q, k, v, is_causal=causal),
                 k=seq + ll["head_dim"],
                 ref=lambda x, dt, tf, causal=causal: attention_ref(x["q"], x["k"], x["v"], dt, causal),
-                backend=be))
+                backend=be, extra={"causal": causal}))
     return cases
 
 
@@ -484,12 +499,19 @@ def _mkn(op: str, shp: list[list[int]]) -> tuple[int, int, int] | None:
 # ---------------------------------------------------------------- running
 
 def _tf32(ctx: Ctx, case: Case, dtype: torch.dtype) -> bool:
-    if dtype != torch.float32 or ctx.device.type != "cuda":
+    """Whether the device under test may compute this fp32 GEMM/convolution with TF32 inputs.
+
+    Follows the device type the code behaves as (``target.device_type``: the emulated one when
+    emulating) and CUDA's flags, read by the same functions the TF32 emulation obeys.
+    """
+    if dtype != torch.float32 or ctx.target.device_type != "cuda":
         return False
+    from mystique.emulation.tf32 import conv_tf32_allowed, matmul_tf32_allowed
+
     if case.tf32_flag == "matmul":
-        return bool(torch.backends.cuda.matmul.allow_tf32) or torch.get_float32_matmul_precision() != "highest"
+        return matmul_tf32_allowed()
     if case.tf32_flag == "conv":
-        return bool(torch.backends.cudnn.allow_tf32)
+        return conv_tf32_allowed()
     return False
 
 
@@ -506,15 +528,23 @@ def run_op_sweep(ctx: Ctx) -> None:
             _run_case(ctx, case, dtype)
 
 
-def _run_case(ctx: Ctx, case: Case, dtype: torch.dtype) -> None:
-    salt = zlib.crc32(f"{case.subject}/{dtype_name(dtype)}".encode())
-    raw = case.make(ctx.generator(salt), dtype)
-    low = {k: v.to(dtype) if v.is_floating_point() else v for k, v in raw.items()}
-    x64 = {k: v.double() if v.is_floating_point() else v for k, v in low.items()}
-    shapes = shapes_of(low.values())
-    repro = ctx.repro(op=case.op, variant=case.variant, dtype=dtype_name(dtype), shapes=shapes)
-    golden = case.fn(**x64)
-    dev = {k: ctx.to_device(v) for k, v in low.items()}
+def _device_result(ctx: Ctx, case: Case, dtype: torch.dtype, dev: Inputs, repro: str) -> torch.Tensor | None:
+    """The device's output on the CPU, or None after a ``skip``/``error`` row.
+
+    An SDPA backend is first asked whether it has a kernel for these inputs
+    (:func:`mystique.emulation.attention.refusal`); a backend that says no, or whose call ends in
+    SDPA's own "no kernel" refusal, is a ``skip`` carrying torch's reason. Any other exception of
+    an SDPA case is an ``error``; other cases skip only on "not implemented"-style errors.
+    """
+    from mystique.emulation import attention
+
+    if case.backend is not None:
+        reason = attention.refusal(case.backend, dev["q"], dev["k"], dev["v"], bool(case.extra.get("causal")),
+                                   ctx.target.device_type)
+        if reason:
+            ctx.skip("normwise_error", case.subject, f"{case.backend.name} has no kernel on {ctx.target.label} "
+                     f"for these inputs: {reason}", dtype=dtype, metric="rel_error")
+            return None
 
     def device_call() -> torch.Tensor:
         if case.backend is None:
@@ -524,14 +554,37 @@ def _run_case(ctx: Ctx, case: Case, dtype: torch.dtype) -> None:
         with sdpa_kernel(case.backend):
             return case.fn(**dev)
 
-    try:
-        out = ctx.on_device(device_call).detach().cpu()
-    except RuntimeError as exc:
-        if unsupported(exc):
-            ctx.skip("normwise_error", case.subject, f"not supported on {ctx.target.device}: "
-                     f"{str(exc).splitlines()[0][:160]}", dtype=dtype, metric="rel_error")
-        else:
-            ctx.error("normwise_error", case.subject, exc, dtype=dtype, repro=repro)
+    with contextlib.ExitStack() as stack:
+        caught: list = []
+        if case.backend is not None:  # torch states why a backend refused in UserWarnings
+            caught = stack.enter_context(warnings.catch_warnings(record=True))
+            warnings.simplefilter("always")
+        try:
+            return ctx.on_device(device_call).detach().cpu()
+        except RuntimeError as exc:
+            if case.backend is not None and attention.is_refusal(exc):
+                reason = attention.reason_from_warnings(caught, case.backend) or str(exc).splitlines()[0][:160]
+                ctx.skip("normwise_error", case.subject, f"{case.backend.name} has no kernel on {ctx.target.label} "
+                         f"for these inputs: {reason}", dtype=dtype, metric="rel_error")
+            elif case.backend is None and unsupported(exc):
+                ctx.skip("normwise_error", case.subject, f"not supported on {ctx.target.device}: "
+                         f"{str(exc).splitlines()[0][:160]}", dtype=dtype, metric="rel_error")
+            else:
+                ctx.error("normwise_error", case.subject, exc, dtype=dtype, repro=repro)
+            return None
+
+
+def _run_case(ctx: Ctx, case: Case, dtype: torch.dtype) -> None:
+    salt = zlib.crc32(f"{case.subject}/{dtype_name(dtype)}".encode())
+    raw = case.make(ctx.generator(salt), dtype)
+    low = {k: v.to(dtype) if v.is_floating_point() else v for k, v in raw.items()}
+    x64 = {k: v.double() if v.is_floating_point() else v for k, v in low.items()}
+    shapes = shapes_of(low.values())
+    repro = ctx.repro(op=case.op, variant=case.variant, dtype=dtype_name(dtype), shapes=shapes)
+    golden = case.fn(**x64)
+    dev = {k: ctx.to_device(v) for k, v in low.items()}
+    out = _device_result(ctx, case, dtype, dev, repro)
+    if out is None:
         return
     if out.dtype != dtype or out.shape != golden.shape:
         ctx.fact("normwise_error", case.subject, "rel_error", math.inf, ok=False, dtype=dtype,
@@ -542,12 +595,17 @@ def _run_case(ctx: Ctx, case: Case, dtype: torch.dtype) -> None:
     tf32 = _tf32(ctx, case, dtype)
     err = normwise_error(out, golden)
     ideal = normwise_error(golden.to(dtype), golden)
-    if golden.numel() < SMALL_OUTPUT:
-        ideal = max(ideal, fmt.u)
-    ref_err = normwise_error(case.ref(low, dtype, tf32), golden) if case.ref is not None else 0.0
-    n_red = max(case.k, 1)
-    thr = 2.0 * max(ideal, ref_err) + SLACK_U32 * U32 * math.sqrt(n_red)
-    how = f"bound 2*max(ideal {ideal:.3g}, reference {ref_err:.3g}) + {SLACK_U32:g}*u32*sqrt({n_red})"
+    if case.bound is not None:
+        b, derivation = case.bound(x64, golden, dtype)
+        thr = bd.threshold(b, golden)
+        how = f"bound ||b||/||y||, {derivation}; ideal (one rounding) {ideal:.3g}"
+    else:
+        if golden.numel() < SMALL_OUTPUT:
+            ideal = max(ideal, fmt.u)
+        ref_err = normwise_error(case.ref(low, dtype, tf32), golden) if case.ref is not None else 0.0
+        n_red = max(case.k, 1)
+        thr = 2.0 * max(ideal, ref_err) + SLACK_U32 * U32 * math.sqrt(n_red)
+        how = f"bound 2*max(ideal {ideal:.3g}, reference {ref_err:.3g}) + {SLACK_U32:g}*u32*sqrt({n_red})"
     ctx.bound("normwise_error", case.subject, "rel_error", err, thr, dtype=dtype,
               detail=f"{shapes}; {how}" + ("; tf32 allowed" if tf32 else ""), repro=repro)
     if case.kind == "gemm":
@@ -557,7 +615,8 @@ def _run_case(ctx: Ctx, case: Case, dtype: torch.dtype) -> None:
         thr_cw = 2.0 * (fmt.u + u_acc_term)
         where = tuple(int(i) for i in torch.unravel_index(torch.tensor(idx), golden.shape)) if golden.numel() else ()
         ctx.bound("componentwise_error", case.subject, "max_err_over_abs_a_abs_b", cw, thr_cw, dtype=dtype,
-                  detail=f"{shapes}; K={case.k}; bound 2*(u + gamma_K(u32)" + (" + 2 u_tf32)" if tf32 else ")"),
+                  detail=f"{shapes}; K={case.k}; bound 2*(u + gamma_K(u32)"
+                  + (" + 2 u_tf32); tf32 allowed" if tf32 else ")"),
                   repro=f"{repro} worst_index={where}")
     elif case.kind == "elementwise":
         scale = case.ulp_scale(x64, golden) if case.ulp_scale is not None else None
