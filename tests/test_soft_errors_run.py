@@ -69,7 +69,23 @@ def test_pvf_ranks_the_parameter_groups_of_the_debug_dlrm():
     lo = df[df.metric == "pvf_ci_low"].set_index("subject").value
     hi = df[df.metric == "pvf_ci_high"].set_index("subject").value
     assert ((lo <= pvf) & (pvf <= hi)).all()
-    assert (df.status == "info").all()  # a PVF is a measurement, not a check
+    measured = df[df.check == "pvf"]
+    assert (measured.status == "info").all()  # a PVF is a measurement, not a check
+    control = df[df.check == "pvf_control"]  # the one check: the unflipped device reproduces the golden
+    assert list(control.status) == ["pass"] and list(control.value) == [0.0]
+
+
+def test_pvf_control_fails_on_a_device_that_changes_the_output_without_any_flip():
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Negate(TorchDispatchMode):  # flips every addmm's sign: DLRM's predictions change
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            return -out if func.__name__.startswith("addmm") else out
+
+    df = soft_errors.run(Target("cpu", Negate, "negate"), groups=["pvf"], workloads=("dlrm",), pvf_trials=1)
+    control = df[df.check == "pvf_control"]
+    assert list(control.status) == ["fail"] and "does NOT reproduce" in control.detail.iloc[0]
 
 
 def test_sdc_screen_reports_the_first_mismatch_of_a_corrupted_run():

@@ -405,6 +405,15 @@ def _group_pvf(res: Results, target: Any, seed: int, opts: dict[str, Any]) -> No
         batch = mod.make_batch(cfg, device=dev, seed=seed)
         with torch.no_grad():
             golden = mod.forward(model, batch).detach().clone()  # outside the device-under-test mode
+        with torch.no_grad(), target.active():  # the control: no flip, on the device under test
+            control = mod.forward(model, batch).detach()
+        off = pvf.output_changed(name, golden, control, batch)
+        res.add("pvf_control", name, "output_changed", float(off), threshold=0, status="fail" if off else "pass",
+                dtype="float32",
+                detail=f"{name} {config}: the unflipped model on the device under test "
+                       + ("does NOT reproduce" if off else "reproduces")
+                       + " the golden output by the PVF's own change test (else a trial's 'changed' would be the "
+                         f"device's own difference, not the flip's); seed={seed}")
         groups_ = pvf.parameter_groups(model)
         n = int(opts["pvf_trials"]) * len(groups_)
         fn = pvf.pvf_trial_fn(name, model, batch, golden, mod.forward, groups_, seed, target.active)
