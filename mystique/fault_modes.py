@@ -440,6 +440,9 @@ class LowPrecisionAccumMode(FaultMode):
         value = self._compute(name, b)
         if value is None:
             return func(*args, **kwargs)
+        out_dtype = b.get("out_dtype")  # mm(a, b, out_dtype=float32): the low accumulator, a wider result
+        if isinstance(out_dtype, torch.dtype) and value.dtype != out_dtype:
+            value = value.to(out_dtype)
         return finish(func, b, value)
 
     def _compute(self, name: str, b: dict[str, Any]) -> torch.Tensor | None:

@@ -284,6 +284,20 @@ def test_low_precision_accum_degrades_bf16_gemm_and_spares_fp32(device):
     assert torch.equal(fp32, a @ b)
 
 
+def test_low_precision_accum_keeps_a_wider_out_dtype():
+    """mm(a, b, out_dtype=float32) (CUDA's half GEMM with an fp32 result; emulated on the CPU): the
+    fault accumulates in the low dtype and still returns the dtype asked for (was: bf16, which broke
+    the ABFT checks with a TypeError instead of failing them)."""
+    from mystique.targets import make_target
+
+    g = torch.Generator().manual_seed(2)
+    a, b = torch.rand(8, 512, generator=g).bfloat16(), torch.rand(512, 4, generator=g).bfloat16()
+    with make_target("cpu", "low_precision_accum", "cuda").active():
+        out = torch.mm(a, b, out_dtype=torch.float32)
+    assert out.dtype == torch.float32
+    assert torch.equal(out, fm.low_precision_matmul(a, b, 16).float())
+
+
 def test_low_precision_accum_covers_the_gemm_family_and_its_variants():
     g = torch.Generator().manual_seed(1)
     a, b = torch.rand(8, 512, generator=g).half(), torch.rand(512, 4, generator=g).half()
