@@ -447,3 +447,180 @@ def test_cpu_replay_primes_the_host_allocator_with_the_largest_storage_first(mon
     assert calls == [12_000]  # not for the meta device (nor accelerators)
     monkeypatch.undo()
     ex.prime_host_allocator(64 << 20)  # capped below glibc's 32 MiB limit: allocates and frees, no error
+
+
+# ---------------------------------------------------------------------------------------------
+# the compiled iteration, Python bindings and pacing
+
+
+class _Dispatched:
+    """Records every operator that reaches the dispatcher's Python key, with its arguments' metadata."""
+
+    def __init__(self):
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        calls = self.calls = []
+
+        def key(v):
+            if isinstance(v, torch.Tensor):
+                return ("T", tuple(v.shape), tuple(v.stride()), v.dtype, v.requires_grad)
+            if isinstance(v, (list, tuple)):
+                return tuple(key(e) for e in v)
+            return repr(v)
+
+        class Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                kwargs = kwargs or {}
+                calls.append((str(func), key(list(args)), key(kwargs), torch.is_grad_enabled()))
+                return func(*args, **kwargs)
+
+        self.mode = Mode()
+
+
+def _mixed_plan() -> dict:
+    """In-place ops on aliased views, out=, foreach, a tuple result, a data-dependent shape, a
+    derived view of a produced storage, an op with autograd, a no-op, a skip and a failing op."""
+    pm = PlanMaker()
+    s = pm.storage(8 * 4, recipe={"kind": "ones"})
+    whole = pm.tensor(s, [8])
+    half = pm.tensor(s, [4], offset=4)
+    pm.op("aten::add_", "Tensor", [T(half), T(half)], {"alpha": 1}, outputs=[T(half)])
+    a = pm.tensor(pm.storage(4 * 4, recipe={"kind": "ones"}), [2, 2])
+    dest = pm.tensor(pm.storage(4 * 4, recipe={"kind": "zeros"}), [2, 2])
+    pm.op("aten::mm", "out", [T(a), T(a)], {"out": T(dest)}, outputs=[T(dest)])
+    ts = [pm.tensor(pm.storage(3 * 4, recipe={"kind": "zeros"}), [3]) for _ in range(2)]
+    pm.op("aten::_foreach_add_", "Scalar", [[T(t) for t in ts], 2.0], outputs=[])
+    outs = [pm.out([3]) for _ in range(2)]
+    pm.op("aten::_foreach_mul", "Scalar", [[T(t) for t in ts], 3.0], outputs=[[T(o) for o in outs]])
+    cat = pm.out([6])
+    pm.op("aten::cat", "default", [[T(o) for o in outs], 0], outputs=[T(cat)])
+    vals, idx = pm.out([2]), pm.out([2], dtype="int64")
+    pm.op("aten::max", "dim", [T(dest), 1, False], outputs=[T(vals), T(idx)])
+    nz = pm.out([3, 1], dtype="int64")  # recorded 3 non-zeros: the result disagrees, a synthetic stand-in
+    pm.op("aten::nonzero", "default", [T(whole)], outputs=[T(nz)])
+    p = pm.out([8])
+    pm.op("aten::clone", "default", [T(whole)], outputs=[T(p)])
+    dv = pm.tensor(pm.tensors[p]["storage"], [4], offset=4, source="derived")
+    r = pm.out([4])
+    pm.op("aten::relu", "default", [T(dv)], outputs=[T(r)])
+    g = pm.out([4])
+    pm.op("aten::mul", "Tensor", [T(half), T(r)], outputs=[T(g)])
+    pm.ops[-1]["grad"] = True
+    pm.op("aten::record_stream", "default", [T(g), None], action="noop")
+    y = pm.out([4])
+    pm.op("fbgemm::no_such_op", "default", [T(g)], outputs=[T(y)])
+    bad = pm.out([4])
+    pm.op("aten::mm", "default", [T(r), T(r)], outputs=[T(bad)])  # 1-D mm raises: skipped
+    z = pm.out([4])
+    pm.op("aten::add", "Tensor", [T(y), T(bad)], {"alpha": 1}, outputs=[T(z)])
+    pm.op("aten::sum", "default", [T(z)], outputs=[])
+    pm.op("aten::sum", "default", [T(cat)], outputs=[])
+    pm.op("aten::sum", "default", [T(vals)], outputs=[])
+    pm.op("aten::sum", "default", [T(nz)], outputs=[])
+    pm.op("aten::sum", "default", [T(p)], outputs=[])
+    return pm.plan()
+
+
+def test_compiled_iteration_dispatches_exactly_what_the_per_op_loop_does():
+    runs = {}
+    for fast in (False, True):
+        torch.manual_seed(0)
+        e = ex.Executor(_mixed_plan(), "cpu", seed=0)
+        e.fast = fast
+        e.probe()
+        rec = _Dispatched()
+        with rec.mode:
+            e.run_iteration()
+        e.run_iteration()
+        runs[fast] = (e, rec.calls)
+    (slow, slow_calls), (fast, fast_calls) = runs[False], runs[True]
+    assert fast._fast_fn is not None and fast._fast_failures == 0 and slow._fast_fn is None
+    assert fast_calls == slow_calls and len(fast_calls) >= 15  # same ops, same shapes, strides, grad modes
+    assert [(s.state, s.reason) for s in fast.status] == [(s.state, s.reason) for s in slow.status]
+    assert [s.state for s in fast.status].count("skipped") == 2
+    for tid, t in slow._external.items():  # in-place updates of the inputs (aliased views included)
+        assert torch.equal(fast._external[tid], t), tid
+    kinds = {fast.plan["ops"][c.index]["op"]: c.fast for c in fast._compiled}
+    assert kinds["aten::_foreach_mul.Scalar"] == "unpack" and kinds["aten::max.dim"] == "unpack"
+    assert kinds["aten::nonzero.default"] == "checked" and kinds["aten::clone.default"] == "single"
+
+
+def test_ops_call_the_python_binding_only_where_it_dispatches_the_recorded_overload():
+    def meta(tid):
+        return torch.empty(4, device="meta")
+
+    S = ex.TensorSlot
+    assert ex.python_binding(torch.ops.aten.add.Tensor, [S(0), S(1)], {"alpha": 1}, meta) is torch.add
+    assert ex.python_binding(torch.ops.aten.view.default, [S(0), [2, 2]], {}, meta) is torch._C.TensorBase.view
+    # torch.add(x, 2.0) would call add.Tensor with a wrapped number, not the recorded add.Scalar
+    assert ex.python_binding(torch.ops.aten.add.Scalar, [S(0), 2.0], {"alpha": 1}, meta) is None
+    # the binding returns the list, the overload returns nothing: not the same call
+    assert ex.python_binding(torch.ops.aten._foreach_add_.Scalar, [[S(0), S(1)], 1.0], {}, meta) is None
+    assert ex.python_binding(torch.ops.aten.nonzero.default, [S(0)], {}, meta) is None  # no meta kernel
+    pm = PlanMaker()
+    x = pm.tensor(pm.storage(16), [4])
+    y = pm.out([4])
+    pm.op("aten::add", "Tensor", [T(x), T(x)], {"alpha": 1}, outputs=[T(y)])
+    e = ex.Executor(pm.plan(), "cpu")
+    e.prepare()
+    assert e._compiled[0].direct is torch.add
+
+
+def test_an_op_failing_in_a_compiled_iteration_reruns_it_through_the_per_op_loop():
+    pm = PlanMaker()
+    x = pm.tensor(pm.storage(16, recipe={"kind": "zeros"}), [4])
+    pm.op("aten::add_", "Scalar", [T(x), 1.0], {"alpha": 1}, outputs=[T(x)])
+    e = ex.Executor(pm.plan(), "cpu")
+    e.probe()
+
+    def boom(*args, **kwargs):
+        raise RuntimeError("boom")
+
+    e._compiled[0].direct = boom  # only the compiled iteration calls it
+    e.run_iteration()
+    assert e._fast_failures == 1 and e._fast_fn is None
+    assert e._external[x].tolist() == [2.0] * 4  # the probe and the rerun, once each
+    assert e.status[0].state == "replayed"
+
+
+def _gapped_plan(gaps_us) -> dict:
+    pm = PlanMaker()
+    x = pm.tensor(pm.storage(16), [4])
+    prev = x
+    for g in gaps_us:
+        y = pm.out([4])
+        pm.op("aten::add", "Tensor", [T(prev), T(x)], {"alpha": 1}, outputs=[T(y)])
+        pm.ops[-1]["gap_us"] = g
+        prev = y
+    pm.op("aten::sum", "default", [T(prev)], outputs=[])
+    return pm.plan()
+
+
+def test_recorded_pacing_waits_at_least_the_recorded_gaps_before_each_op():
+    import time
+
+    gaps = [None] + [2000.0] * 10  # 20 ms of recorded host gaps; the first op has none
+    e = ex.Executor(_gapped_plan(gaps), "cpu", pacing="recorded")
+    assert e.pacing == "recorded" and e.paced_ops == 10 and e.pacing_gap_us == 20_000.0
+    for _ in range(2):  # the probe (per-op loop), then the compiled iteration
+        t0 = time.perf_counter()
+        e.run_iteration()
+        assert time.perf_counter() - t0 >= 0.020
+    assert e._fast_fn is not None and "_clock()" in e._fast_source()[0]
+    t0 = time.perf_counter()
+    e.time_iterations(1)
+    assert time.perf_counter() - t0 >= 0.020
+    plain = ex.Executor(_gapped_plan(gaps), "cpu")  # pacing "none": the gaps are not waited for
+    assert plain.pacing == "none" and plain.paced_ops == 0 and plain.pacing_gap_us == 0.0
+    plain.probe()
+    plain.run_iteration()
+    assert "_clock()" not in plain._fast_source()[0]
+    no_gaps = ex.Executor(_gapped_plan([None, -5.0, float("nan")]), "cpu", pacing="recorded")
+    assert no_gaps.pacing == "recorded" and no_gaps.paced_ops == 0 and no_gaps.pacing_gap_us == 0.0
+
+
+def test_unknown_pacing_is_refused_with_the_choices():
+    with pytest.raises(ex.ReplayError, match="unknown pacing 'fast'.*none, recorded"):
+        ex.Executor(_gapped_plan([None]), "cpu", pacing="fast")
+    with pytest.raises(ValueError):
+        ex.Executor(_gapped_plan([None]), "cpu", pacing="")

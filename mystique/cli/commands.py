@@ -15,6 +15,7 @@ _MODULES = (
     "cmd_selftest",
     "cmd_report",
     "cmd_demo",
+    "cmd_overhead",
 )
 
 for _name in _MODULES:
