@@ -12,6 +12,7 @@ import contextlib
 import os
 import platform
 import re
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -20,7 +21,9 @@ from .errors import EnvironmentUnsupported, UsageError
 from .refs import import_callable
 
 ModeFactory = Callable[[], Any]
-_DEVICE_RE = re.compile(r"^(cpu|cuda|xpu|mps|hpu|mtia|privateuseone|meta)(:\d+)?$")
+# a device type (lower case, as torch spells them) and an optional index without sign or leading zero
+_DEVICE_RE = re.compile(r"[a-z][a-z0-9_]{0,31}(?::(?:0|[1-9][0-9]{0,5}))?")
+_DEVICE_HINT = "expected e.g. cpu, cuda, cuda:1, xpu, mps"
 _MODULE_RE = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*$")
 
 
@@ -99,21 +102,48 @@ def synchronize(device: str) -> None:
         mod.synchronize()
 
 
-def check_device(device: str) -> str:
-    """Validate a device string: exit 2 when malformed, exit 3 when the device is absent."""
-    device = device.strip()
-    if not _DEVICE_RE.match(device):
-        raise UsageError(f"unknown device {device!r}; expected e.g. cpu, cuda, cuda:1, xpu, mps")
+def parse_device(device: str) -> str:
+    """A well-formed device string torch knows, which this machine may lack (UsageError, exit 2, otherwise).
+
+    ``TYPE`` or ``TYPE:INDEX``: the type in lower case as torch spells it, the index a
+    non-negative integer without sign or leading zero, no white space anywhere.
+    """
+    if not isinstance(device, str) or not _DEVICE_RE.fullmatch(device):
+        shown = repr(device) if isinstance(device, str) else type(device).__name__
+        raise UsageError(f"unknown device {shown}; {_DEVICE_HINT} (a lower-case type and an optional "
+                         "index, no spaces)")
     import torch
 
-    dev = torch.device(device)
+    try:
+        with warnings.catch_warnings():  # torch warns about deprecated types (mkldnn): one line stays one
+            warnings.simplefilter("ignore")
+            dev = torch.device(device)
+    except (RuntimeError, ValueError, TypeError):
+        raise UsageError(f"unknown device {device!r}: torch {torch.__version__} has no device type "
+                         f"{device.split(':')[0]!r}; {_DEVICE_HINT}") from None
+    return str(dev)
+
+
+def check_device(device: str) -> str:
+    """Validate a device string: exit 2 when malformed or a type torch does not know, exit 3 when the
+    device is absent from this machine."""
+    device = parse_device(device)
+    import torch
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dev = torch.device(device)
     if dev.type in ("cpu", "meta"):
         return device
     backend = getattr(torch, dev.type, None)
-    available = backend is not None and getattr(backend, "is_available", lambda: False)()
+    try:
+        available = backend is not None and bool(getattr(backend, "is_available", lambda: False)())
+        count = int(getattr(backend, "device_count", lambda: 1)()) if available else 0
+    except Exception as exc:  # a backend whose probe fails (a broken driver) is an absent device
+        raise EnvironmentUnsupported(f"device {device} is not available on this machine "
+                                     f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})") from exc
     if not available:
         raise EnvironmentUnsupported(f"device {device} is not available on this machine")
-    count = getattr(backend, "device_count", lambda: 1)()
     if dev.index is not None and dev.index >= count:
         raise EnvironmentUnsupported(f"device {device} is not available: this machine has {count} {dev.type} device(s)")
     return device

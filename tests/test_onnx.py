@@ -350,7 +350,8 @@ def test_cli_export_onnx_writes_model_and_report(tmp_path):
     out = tmp_path / "exp"
     r = CliRunner().invoke(cli, ["-q", "export-onnx", "dlrm", "-c", "debug", "-o", str(out)])
     assert r.exit_code == 0, r.output
-    assert sorted(p.name for p in out.iterdir()) == ["export_report.json", "model.onnx"]
+    assert sorted(p.name for p in out.iterdir() if not p.name.startswith(".")) == ["export_report.json", "model.onnx"]
+    assert (out / ".mystique-manifest.json").exists()  # what --force may replace later
     rep = json.loads((out / "export_report.json").read_text())
     assert rep["exporter"] == "dynamo" and rep["checker"] == "pass" and rep["path"].endswith("model.onnx")
     onnx.checker.check_model(str(out / "model.onnx"))

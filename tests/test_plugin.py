@@ -147,11 +147,37 @@ def test_junit_xml_and_report_dir(qual):
         result.stdout.fnmatch_lines(["report.html not written*"])
 
 
-def test_report_dir_is_rewritten_on_a_second_run(qual):
+def test_report_dir_is_rewritten_on_a_second_run_only_with_force(qual):
     report = qual.path / "rep"
-    for keyword in ("alpha", "alpha or beta"):
-        qual.runpytest(*enable("-k", keyword, "--mystique-report-dir", str(report)))
+    qual.runpytest(*enable("-k", "alpha", "--mystique-report-dir", str(report)))
+    assert len(pd.read_csv(report / "results.csv")) == 1
+    (report / "notes.txt").write_text("mine")
+    result = qual.runpytest(*enable("-k", "alpha or beta", "--mystique-report-dir", str(report)))
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--mystique-report-dir*is not empty; pass --mystique-force*"])
+    assert len(pd.read_csv(report / "results.csv")) == 1  # untouched
+    qual.runpytest(*enable("-k", "alpha or beta", "--mystique-report-dir", str(report), "--mystique-force"))
     assert len(pd.read_csv(report / "results.csv")) == 2
+    assert (report / "notes.txt").read_text() == "mine"
+
+
+def test_an_existing_users_results_csv_is_not_overwritten_without_force(qual):
+    report = qual.path / "rep"
+    report.mkdir()
+    (report / "results.csv").write_text("my own results\n")
+    result = qual.runpytest(*enable("-k", "alpha", "--mystique-report-dir", str(report)))
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert (report / "results.csv").read_text() == "my own results\n"
+    assert not (report / "report.html").exists()
+
+
+def test_an_empty_report_dir_is_accepted_as_qualify_passes_it(qual):
+    report = qual.path / "stage"
+    report.mkdir()
+    result = qual.runpytest(*enable("-k", "alpha", "--mystique-report-dir", str(report),
+                                    "--junitxml", str(report / "junit.xml")))
+    result.assert_outcomes(passed=1)
+    assert len(pd.read_csv(report / "results.csv")) == 1
 
 
 def test_bad_inject_is_a_usage_error(qual):

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import gzip
 import io
 import json
+import re
 import tarfile
 from pathlib import Path
 
@@ -161,7 +163,7 @@ def test_tensor_with_bad_field(tmp_path):
 def test_bad_shape(tmp_path):
     doc = valid_doc()
     doc["nodes"][0]["inputs"]["shapes"][0] = [2, "x"]
-    refused(write(tmp_path, doc), r"inputs\[0\] has shape \[2, \"x\"\], expected a list of integers")
+    refused(write(tmp_path, doc), r"inputs\[0\] has shape \[2, 'x'\], expected a list of integers")
 
 
 def test_values_and_types_disagree(tmp_path):
@@ -244,3 +246,204 @@ def test_kineto_errors(tmp_path):
     p.write_text("{")
     with pytest.raises(UsageError, match="not a valid JSON Kineto trace"):
         load_kineto(p)
+
+
+# --- issue 19: bad input is one line and exit 2, never "internal error" --------------------------------
+
+
+def _generate(path: Path, out: Path, *extra: str) -> tuple[int, str]:
+    from mystique.cli import main
+
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        rc = main(["-q", "generate", str(path), "-o", str(out), *extra])
+    return rc, err.getvalue()
+
+
+def _one_line_exit_2(rc: int, err: str) -> None:
+    assert rc == 2, err
+    assert err.startswith("mystique: error: ") and err.count("\n") == 1, err
+    assert "internal error" not in err and "Traceback" not in err
+
+
+def test_deeply_nested_json_is_bad_input(tmp_path):
+    p = tmp_path / "deep.json"
+    p.write_text('{"schema": "1.1.1-chakra.0.0.4", "nodes": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    refused(p, "nested too deeply")
+    rc, err = _generate(p, tmp_path / "o")
+    _one_line_exit_2(rc, err)
+    assert not (tmp_path / "o").exists()
+
+
+def test_nested_argument_lists_are_bounded(tmp_path):
+    doc = valid_doc()
+    value, typ = 1, "Int"
+    for _ in range(200):
+        value, typ = [value], f"GenericList[{typ}]"
+    doc["nodes"][0]["inputs"] = {"values": [value], "shapes": [[]], "types": [typ], "strides": [[]]}
+    refused(write(tmp_path, doc), r"inputs\[0\](\[0\])* nests lists more than 32 levels deep")
+
+
+def test_a_huge_integer_literal_is_bad_input(tmp_path):
+    p = tmp_path / "trace.json"
+    p.write_text('{"schema": "1.1.1-chakra.0.0.4", "pid": ' + "9" * 5000 + ', "nodes": []}')
+    refused(p, r"not a usable JSON trace: Exceeds the limit")
+
+
+@pytest.mark.parametrize("k, value, needle", [
+    (2, -1, "offset is -1, expected a non-negative 64-bit integer"),
+    (3, -6, "numel is -6"),
+    (4, -4, "itemsize is -4"),
+    (4, 2**20, "itemsize is 1048576 bytes, expected at most 64"),
+    (2, 2**63, "offset is 9223372036854775808"),
+    (0, 2**64, "tensor_id is 18446744073709551616, expected a 64-bit integer"),
+])
+def test_negative_or_overflowing_tensor_fields(tmp_path, k, value, needle):
+    doc = valid_doc()
+    doc["nodes"][0]["inputs"]["values"][0][k] = value
+    refused(write(tmp_path, doc), re.escape(needle))
+
+
+@pytest.mark.parametrize("key, value", [("shapes", [2, -3]), ("shapes", [2**63, 1]), ("strides", [3, -1]),
+                                        ("strides", [2**64, 1])])
+def test_negative_or_overflowing_shapes_and_strides(tmp_path, key, value):
+    doc = valid_doc()
+    doc["nodes"][0]["inputs"][key][0] = value
+    refused(write(tmp_path, doc), r"inputs\[0\] has (shape|strides) .*expected non-negative 64-bit integers")
+
+
+def test_a_scalar_typed_argument_with_a_list_value_is_refused(tmp_path):
+    """Found by the fuzz campaign: ``Int`` with a list value reached the plan builder, which took the
+    list's items for typed arguments (internal error: AttributeError: 'int' object has no attribute 'value')."""
+    doc = valid_doc()
+    doc["nodes"][0]["inputs"]["types"][1] = "Int"
+    doc["nodes"][0]["inputs"]["values"][1] = [1, 2]
+    refused(write(tmp_path, doc), r"inputs\[1\] is 'Int' but its value is \[1, 2\], expected a single value")
+    rc, err = _generate(write(tmp_path, doc), tmp_path / "o")
+    _one_line_exit_2(rc, err)
+
+
+GZ_LIMIT = "MYSTIQUE_MAX_TRACE_BYTES"
+
+
+def test_a_decompression_bomb_is_refused_without_exhausting_memory(tmp_path, monkeypatch):
+    import resource
+
+    payload = json.dumps(valid_doc()).encode()
+    bomb = gzip.compress(payload[:-1] + b" " * (64 * 1024**2) + b"}", compresslevel=9)  # 64 MiB of spaces
+    p = tmp_path / "trace.json.gz"
+    p.write_bytes(bomb)
+    assert len(bomb) < 200_000
+    monkeypatch.setenv(GZ_LIMIT, "16M")
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    msg = refused(p, r"decompresses to more than the limit of 16 MiB; set MYSTIQUE_MAX_TRACE_BYTES to raise it")
+    assert "trace.json.gz" in msg
+    grown_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
+    assert grown_kib < 48 * 1024  # never held the 64 MiB
+    rc, err = _generate(p, tmp_path / "o")
+    _one_line_exit_2(rc, err)
+    monkeypatch.setenv(GZ_LIMIT, "128M")  # raised: the same file loads
+    assert load_trace(p).root_id == 1
+
+
+def test_the_size_cap_applies_to_plain_json_and_has_a_2_gib_default(tmp_path, monkeypatch):
+    from mystique.trace.loader import DEFAULT_MAX_TRACE_BYTES, max_trace_bytes
+
+    monkeypatch.delenv(GZ_LIMIT, raising=False)
+    assert max_trace_bytes() == DEFAULT_MAX_TRACE_BYTES == 2 * 1024**3
+    p = write(tmp_path, valid_doc())
+    monkeypatch.setenv(GZ_LIMIT, "100")
+    refused(p, r"trace.json: the trace is larger than the limit of 100 bytes")
+    for bad in ("-1", "lots", "0"):
+        monkeypatch.setenv(GZ_LIMIT, bad)
+        refused(p, r"MYSTIQUE_MAX_TRACE_BYTES=.* is not a positive size")
+    monkeypatch.setenv(GZ_LIMIT, "1k")
+    assert max_trace_bytes() == 1024
+
+
+@pytest.mark.parametrize("data", [
+    b"\x1f\x8b",  # a gzip magic and nothing else
+    gzip.compress(b'{"nodes": []}') + b"trailing garbage",
+    gzip.compress(b'{"nodes": []}')[:-4],  # no length trailer
+])
+def test_corrupt_gzip_variants(tmp_path, data):
+    p = tmp_path / "trace.json.gz"
+    p.write_bytes(data)
+    refused(p, r"truncated or corrupt gzip data")
+
+
+def test_concatenated_gzip_members_are_one_document(tmp_path):
+    raw = json.dumps(valid_doc()).encode()
+    p = tmp_path / "trace.json.gz"
+    p.write_bytes(gzip.compress(raw[:50]) + gzip.compress(raw[50:]))
+    assert load_trace(p).root_id == 1
+
+
+@pytest.mark.parametrize("name", ["line\nbreak.json", "cr\rreturn.json", "sep\u2028.json"])
+def test_errors_naming_a_hostile_file_or_node_name_stay_on_one_line(tmp_path, name):
+    doc = valid_doc()
+    doc["nodes"][0]["name"] = "aten::mm\nmystique: error: forged"
+    doc["nodes"][0]["inputs"]["values"][0][2] = -1
+    p = tmp_path / name
+    p.write_text(json.dumps(doc))
+    rc, err = _generate(p, tmp_path / "o")
+    _one_line_exit_2(rc, err)
+    assert "offset is -1" in err and "forged" in err  # shown, escaped
+    doc = valid_doc()
+    p.write_text(json.dumps(doc))
+    rc, err = _generate(p, tmp_path / "o2", "--iteration", "3")  # analysis names the file too
+    _one_line_exit_2(rc, err)
+    assert "no ProfilerStep#3" in err
+
+
+def test_kineto_events_with_unhashable_thread_ids_are_tolerated():
+    """Found by the fuzz campaign: a Kineto event whose pid or tid is a list or object crashed the plan
+    builder (internal error: TypeError: unhashable type: 'list')."""
+    from mystique.trace.kineto import parse_kineto_document
+
+    doc = {"traceEvents": [
+        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": [1], "tid": {"t": 2}, "ts": 10, "dur": 5,
+         "args": {"Record function id": 7, "External id": 3}},
+        {"ph": "X", "cat": "cuda_runtime", "name": "launch", "pid": [1], "tid": [[2]], "ts": 11, "dur": 1,
+         "args": {"correlation": 9}},
+        {"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 0, "ts": 12, "dur": 2, "args": {"correlation": 9}},
+    ]}
+    times = parse_kineto_document(doc)
+    assert times.cpu_us == {7: 5.0}
+
+
+def test_a_duplicate_id_message_escapes_a_newline_in_a_node_name(tmp_path):
+    """Found by the fuzz campaign: the message named both nodes raw, so a name with a newline split it."""
+    doc = valid_doc()
+    dup = copy.deepcopy(doc["nodes"][0])
+    dup["name"] = "aten::add\nmystique: error: forged"
+    doc["nodes"].append(dup)
+    msg = refused(write(tmp_path, doc), r"duplicate node id 123 \(aten::mm and aten::add\\nmystique: error: forged\)")
+    assert "\n" not in msg
+
+
+@pytest.mark.parametrize("k, shape, strides", [
+    (2, [4], [1]),  # offset 2^62 elements of 4 bytes
+    (None, [2**40, 2**40], [2**40, 1]),  # 2^80 elements
+    (None, [2**31, 2**31], [0, 0]),  # an expanded view of 2^62 elements
+])
+def test_a_tensor_beyond_any_device_is_refused(tmp_path, k, shape, strides):
+    """Found by the fuzz campaign: a storage offset of 2^62 passed the loader and overflowed torch's size
+    arithmetic in generate --batch-scale (internal error: RuntimeError: Storage size calculation overflowed)."""
+    doc = valid_doc()
+    ins = doc["nodes"][0]["inputs"]
+    if k is not None:
+        ins["values"][0][k] = 2**62
+    ins["shapes"][0], ins["strides"][0] = shape, strides
+    refused(write(tmp_path, doc), r"inputs\[0\] (spans .* more than 1 EiB|has shape .*: more than 2\^60 elements)")
+    rc, err = _generate(write(tmp_path, doc), tmp_path / "o", "--batch-scale", "2")
+    _one_line_exit_2(rc, err)
+
+
+@pytest.mark.parametrize("text", ['{"0": [0, ' + "9" * 5000 + "]}", "[" * 5000 + "]" * 5000])
+def test_an_unusable_tensor_range_string_is_bad_input(tmp_path, text):
+    """Found by the fuzz campaign: tensor_range is JSON inside a string, decoded on its own; a 5000-digit
+    number in it ended in "internal error: ValueError: Exceeds the limit (4300 digits)"."""
+    doc = valid_doc()
+    doc["nodes"][0]["attrs"][-1]["value"] = text
+    refused(write(tmp_path, doc), r"attribute tensor_range is not usable JSON \((ValueError|RecursionError)\)")

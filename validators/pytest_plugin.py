@@ -24,7 +24,8 @@ in a source checkout imports ``validators`` as a second top-level package; a col
 import at all and its items go through pytest's ordinary collection, selection and reporting.
 
 At session end, when ``--mystique-report-dir DIR`` is given, ``DIR/results.csv`` holds every row
-and ``DIR/report.html`` the rendered report (when ``mystique.reports.render_report`` exists).
+and ``DIR/report.html`` the rendered report (when ``mystique.reports.render_report`` exists). As
+with the CLI's output folders, DIR must be new or empty unless ``--mystique-force`` is given.
 """
 
 from __future__ import annotations
@@ -108,6 +109,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="Seed of every random choice of the checks (default: 0).")
     group.addoption("--mystique-report-dir", default=None, metavar="DIR",
                     help="Write DIR/results.csv and DIR/report.html at the end of the session.")
+    group.addoption("--mystique-force", action="store_true", default=False,
+                    help="Let --mystique-report-dir name an existing non-empty folder: its results.csv and "
+                         "report.html are then replaced (other files are kept).")
     group.addoption("--mystique-report-shown-as", default=None, metavar="DIR",
                     help="Name DIR instead of --mystique-report-dir in the header and summary (for a "
                          "caller that moves the report folder there afterwards, as `mystique qualify` does).")
@@ -170,6 +174,12 @@ def pytest_configure(config: pytest.Config) -> None:
     if state.report_dir is not None:
         if state.report_dir.exists() and not state.report_dir.is_dir():
             raise pytest.UsageError(f"mystique: --mystique-report-dir {state.report_dir} is not a folder")
+        # the CLI's rule: a new or empty folder, or an explicit --mystique-force (never a silent overwrite)
+        if (state.report_dir.is_dir() and any(state.report_dir.iterdir())
+                and not config.getoption("mystique_force")):
+            raise pytest.UsageError(
+                f"mystique: --mystique-report-dir {state.report_dir} exists and is not empty; pass "
+                "--mystique-force to replace its results.csv and report.html")
         state.artifacts_root = state.report_dir
     state.context = RunContext.for_target(state.target)
     config.stash[STATE_KEY] = state

@@ -21,6 +21,14 @@ Exit codes:
   3  the environment cannot do it (device absent, package missing, too little memory)"""
 
 
+def one_line(exc: BaseException) -> str:
+    """The message of ``exc`` on one line: line breaks (a hostile file name may carry them) escaped."""
+    text = str(exc)
+    for brk, esc in (("\r\n", "\\n"), ("\n", "\\n"), ("\r", "\\r"), ("\u2028", "\\u2028"), ("\u2029", "\\u2029")):
+        text = text.replace(brk, esc)
+    return text
+
+
 class MystiqueGroup(click.Group):
     """A group whose commands may return an exit code and raise our errors.
 
@@ -38,7 +46,7 @@ class MystiqueGroup(click.Group):
         except MystiqueError as exc:
             if debug:
                 traceback.print_exc()
-            click.echo(f"mystique: error: {exc}", err=True)
+            click.echo(f"mystique: error: {one_line(exc)}", err=True)
             ctx.exit(exc.exit_code)
         except KeyboardInterrupt:
             click.echo("mystique: error: interrupted", err=True)
@@ -47,7 +55,8 @@ class MystiqueGroup(click.Group):
             if debug:
                 traceback.print_exc()
             click.echo(
-                f"mystique: error: internal error: {type(exc).__name__}: {exc} (run with --debug for the traceback)",
+                f"mystique: error: internal error: {type(exc).__name__}: {one_line(exc)} "
+                "(run with --debug for the traceback)",
                 err=True,
             )
             ctx.exit(1)

@@ -27,6 +27,12 @@ FLOAT_DTYPES = ("float32", "float16", "bfloat16", "float64")
 _SIZE_TYPES = ("int[]", "SymInt[]")
 
 
+def _line(v: Any) -> str:
+    """Text from a trace or from torch for a one-line message: the first line, control characters escaped."""
+    s = str(v).strip().split("\n", 1)[0]
+    return s if s.isprintable() else ascii(s)[1:-1]
+
+
 def parse_formats(spec: str) -> list[str]:
     """``"json,py"`` -> ``["json", "py"]`` (UsageError for unknown formats; py implies json)."""
     out = []
@@ -46,12 +52,9 @@ def parse_formats(spec: str) -> list[str]:
 
 def _check_device_name(device: str) -> str:
     """A well-formed torch device string (the benchmark may target a device this machine lacks)."""
-    import torch
+    from ..targets import parse_device
 
-    try:
-        return str(torch.device(device.strip()))
-    except (RuntimeError, TypeError) as exc:
-        raise UsageError(f"unknown device {device!r}; expected e.g. cpu, cuda, cuda:1, xpu, mps") from exc
+    return parse_device(device)
 
 
 def _compile(pattern: str | None, flag: str) -> re.Pattern[str] | None:
@@ -60,7 +63,7 @@ def _compile(pattern: str | None, flag: str) -> re.Pattern[str] | None:
     try:
         return re.compile(pattern)
     except re.error as exc:
-        raise UsageError(f"{flag} {pattern!r} is not a valid regular expression: {exc}") from exc
+        raise UsageError(f"{flag} {pattern!r} is not a valid regular expression: {_line(exc)}") from exc
 
 
 def filter_ops(plan: Plan, keep: str | None = None, drop: str | None = None) -> Plan:
@@ -287,8 +290,8 @@ def rescale_batch(plan: Plan, factor: float) -> Plan:
     broken = sorted(set(after) - set(before))
     if broken:
         i = broken[0]
-        raise UsageError(f"batch rescale {b} -> {nb} is inconsistent: op #{i} {new.ops[i]['name']} fails with "
-                         f"the rescaled shapes ({after[i]})")
+        raise UsageError(f"batch rescale {b} -> {nb} is inconsistent: op #{i} {_line(new.ops[i]['name'])} fails with "
+                         f"the rescaled shapes ({_line(after[i])})")
     for tid, (shape, strides) in e.output_shapes.items():
         if nt[tid]["source"] in ("output", "derived"):
             nt[tid]["shape"], nt[tid]["strides"] = list(shape), list(strides)
@@ -298,18 +301,50 @@ def rescale_batch(plan: Plan, factor: float) -> Plan:
             if shape != t["shape"]:
                 t["strides"] = _dense_like(t["shape"], t.get("strides"), shape)
                 t["shape"] = shape
-    for st in new.storages:
-        st["recipe"] = _rescale_recipe(st.get("recipe"), b, nb)
+    _rescale_offsets(new)
     _recompute_nbytes(new)
     new.metadata["transforms"].append({"batch_scale": factor, "batch": b, "new_batch": nb})
     new.metadata["batch_size"] = nb
     return new
 
 
-def _rescale_recipe(recipe: dict[str, Any] | None, b: int, nb: int) -> dict[str, Any] | None:
-    if recipe and recipe.get("kind") == "offsets" and recipe.get("total", 0) % b == 0:
-        return {**recipe, "total": recipe["total"] // b * nb}
-    return recipe
+def _rescale_offsets(plan: Plan) -> None:
+    """Re-derive the bag offsets recipes (``segments``) of embedding-bag inputs from the rescaled
+    tensors, as the plan builder derives them: one segment ``[start, count, stride, total,
+    include_last]`` per offsets view, ``total`` the element count of the bag's indices."""
+    from .plan import _EMBEDDING_BAG_OPS, _named_args
+
+    tensors = {t["id"]: t for t in plan.tensors}
+
+    def tid(enc: Any) -> int | None:
+        return enc["t"] if isinstance(enc, dict) and "t" in enc else None
+
+    segments: dict[int, list[list[Any]]] = {}
+    for op in plan.ops:
+        if op["action"] != "call" or not op.get("schema"):
+            continue
+        try:
+            sch = ex.parse_schema(op["schema"])
+        except ValueError:
+            continue
+        if f"{sch.namespace}::{sch.name}" not in _EMBEDDING_BAG_OPS:
+            continue
+        named = _named_args(sch, op)
+        ind, off = tid(named.get("indices")), tid(named.get("offsets"))
+        if ind is None or off is None or ind not in tensors or off not in tensors:
+            continue
+        t_off = tensors[off]
+        strides = t_off.get("strides") or [1]
+        seg = [int(t_off["offset"]), int(math.prod(t_off["shape"])), int(strides[-1] or 1),
+               int(math.prod(tensors[ind]["shape"])), bool(named.get("include_last_offset") or False)]
+        segs = segments.setdefault(t_off["storage"], [])
+        if seg not in segs:
+            segs.append(seg)
+    for st in plan.storages:
+        recipe = st.get("recipe")
+        if recipe and recipe.get("kind") == "offsets" and st["id"] in segments:
+            st["recipe"] = {k: v for k, v in recipe.items() if k not in ("total", "include_last")}
+            st["recipe"]["segments"] = segments[st["id"]]
 
 
 def _dense_like(old_shape: list[int], old_strides: list[int] | None, shape: list[int]) -> list[int]:
@@ -349,9 +384,17 @@ if __name__ == "__main__":
 
 
 def benchmark_py(plan: Plan) -> str:
-    """The source of the standalone ``benchmark.py``: executor source + a ``__main__`` block."""
+    """The source of the standalone ``benchmark.py``: executor source + a ``__main__`` block.
+
+    The program is the same for every plan: what comes from the trace (its file name, and every
+    other string, which stays in ``benchmark.json``) is data, never code. The one string shown, the
+    trace's name in a comment, is written with :func:`ascii` (quoted, every line break, control and
+    non-ASCII character escaped), so it cannot end the comment line.
+    """
     src = Path(ex.__file__).read_text(encoding="utf-8")
-    header = _PY_HEADER.format(source=plan.metadata.get("source") or "a trace", ops=len(plan.ops))
+    source = plan.metadata.get("source")
+    shown = ascii(source) if isinstance(source, str) and source else "a trace"
+    header = _PY_HEADER.format(source=shown, ops=int(len(plan.ops)))
     return header + src.rstrip() + "\n" + _PY_MAIN
 
 
@@ -383,7 +426,7 @@ def generate(
     prog.note(f"reading {trace}")
     plan, kind = plan_from_path(trace, iteration)
     if kind == "benchmark":
-        raise UsageError(f"{trace} is a benchmark already; generate reads a trace")
+        raise UsageError(f"{_line(trace)} is a benchmark already; generate reads a trace")
     prog.note(f"{len(plan.ops)} ops of iteration {plan.metadata.get('iteration')}")
     plan = filter_ops(plan, keep, drop)
     if batch_scale is not None and batch_scale != 1:

@@ -76,8 +76,11 @@ def select_iteration(trace: Trace, iteration: int | None = None) -> Iteration | 
         for it in spans:
             if it.step == iteration:
                 return it
-        have = ", ".join(str(it.step) for it in spans) or "none"
-        raise UsageError(f"{trace.source or 'trace'}: no ProfilerStep#{iteration}; recorded steps: {have}")
+        have = ", ".join(str(it.step) for it in spans[:20]) + (f", ... ({len(spans)} steps)" if len(spans) > 20 else "")
+        have = have or "none"
+        from .loader import show_path
+
+        raise UsageError(f"{show_path(trace.source or 'trace')}: no ProfilerStep#{iteration}; recorded steps: {have}")
     complete = [it for it in spans if it.complete]
     if complete:
         return complete[-1]

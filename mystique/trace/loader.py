@@ -31,10 +31,10 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import gc
-import gzip
 import json
 import os
 import re
+import reprlib
 import tarfile
 import zlib
 from collections.abc import Callable, Iterator
@@ -46,6 +46,18 @@ from .model import Arg, Node, TensorRef, Trace
 from .types import parse_type
 
 TRACE_FILE_NAMES = ("trace.json", "trace.json.gz")
+#: Largest trace (decompressed) read by default: 2 GiB. The JSON document takes several times its
+#: size in memory, and a gzip file of a few MB can expand to any size (a decompression bomb), so the
+#: size is checked while decompressing. ``MYSTIQUE_MAX_TRACE_BYTES`` raises (or lowers) it.
+DEFAULT_MAX_TRACE_BYTES = 2 * 1024**3
+MAX_TRACE_BYTES_ENV = "MYSTIQUE_MAX_TRACE_BYTES"
+#: Deepest nesting of argument lists accepted (real traces nest 3 levels: a list of lists of tensors).
+MAX_ARG_DEPTH = 32
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+_MAX_ITEMSIZE = 64  # bytes per element: complex128 is 16; anything far above is not a dtype
+#: Largest tensor extent accepted (1 EiB): far beyond any device, far enough below 2^63 that a dtype
+#: change (up to 8x the bytes) cannot overflow torch's 64-bit size arithmetic.
+MAX_TENSOR_BYTES = 2**60
 _STRUCTURAL_FLAT = {
     "id", "name", "parent", "inputs", "input_shapes", "input_types", "input_strides",
     "outputs", "output_shapes", "output_types", "output_strides",
@@ -59,14 +71,21 @@ class _Ctx:
     __slots__ = ("src", "node_id", "node_name")
 
     def __init__(self, src: str) -> None:
-        self.src = src
+        self.src = show_path(src)
         self.node_id: Any = None
         self.node_name: str = ""
 
     def error(self, what: str) -> UsageError:
         if self.node_id is None:
             return UsageError(f"{self.src}: {what}")
-        return UsageError(f"{self.src}: node {self.node_id} ({self.node_name}): {what}")
+        return UsageError(f"{self.src}: node {self.node_id} ({show_path(self.node_name)}): {what}")
+
+
+def show_path(p: Any) -> str:
+    """A path (or any name from a trace) for a one-line message: control characters and line
+    separators escaped, so a hostile file or node name cannot split or forge the message."""
+    s = str(p)
+    return s if s.isprintable() else ascii(s)[1:-1]
 
 
 # ----------------------------------------------------------------------------------- reading
@@ -82,44 +101,105 @@ def resolve_trace_path(path: str | os.PathLike) -> Path:
         for name in TRACE_FILE_NAMES:
             if (p / name).is_file():
                 return p / name
-        raise UsageError(f"{p}: folder holds no trace.json or trace.json.gz")
+        raise UsageError(f"{show_path(p)}: folder holds no trace.json or trace.json.gz")
     if not p.exists():
-        raise UsageError(f"{p}: no such file or folder")
+        raise UsageError(f"{show_path(p)}: no such file or folder")
     if not p.is_file():
-        raise UsageError(f"{p}: not a regular file")
+        raise UsageError(f"{show_path(p)}: not a regular file")
     low = p.name.lower()
     if low.endswith((".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tar.xz")):
-        raise UsageError(f"{p}: is a tar archive; extract it first (tar xzf {p.name}) and pass the .json inside")
+        raise UsageError(f"{show_path(p)}: is a tar archive; extract it first (tar xzf {show_path(p.name)}) and pass the .json inside")
     return p
 
 
-def read_json_document(path: Path, what: str = "trace") -> Any:
+def max_trace_bytes() -> int:
+    """The size cap of a trace, decompressed (``MYSTIQUE_MAX_TRACE_BYTES``, default 2 GiB).
+
+    The variable takes a number of bytes with an optional K, M, G or T suffix (powers of 1024).
+    """
+    raw = os.environ.get(MAX_TRACE_BYTES_ENV)
+    if raw is None or not raw.strip():
+        return DEFAULT_MAX_TRACE_BYTES
+    m = re.fullmatch(r"\s*(\d{1,20})\s*([kmgt]?)i?b?\s*", raw.lower())
+    if not m or int(m.group(1)) <= 0:
+        raise UsageError(f"{MAX_TRACE_BYTES_ENV}={raw!r} is not a positive size (bytes, or e.g. 4G)")
+    return int(m.group(1)) * 1024 ** " kmgt".index(m.group(2) or " ")
+
+
+def _too_big(path: Path, what: str, cap: int, compressed: bool) -> UsageError:
+    how = "decompresses to more than" if compressed else "is larger than"
+    return UsageError(f"{show_path(path)}: the {what} {how} the limit of {_size(cap)}; set {MAX_TRACE_BYTES_ENV} "
+                      "to raise it")
+
+
+def _size(n: int) -> str:
+    for unit, k in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
+        if n >= k:
+            return f"{n / k:.4g} {unit}"
+    return f"{n} bytes"
+
+
+def _gunzip(path: Path, data: bytes, what: str, cap: int) -> bytes:
+    """Decompress every gzip member of ``data``, refusing more than ``cap`` bytes of output."""
+    out = bytearray()
+    pos = 0
+    while pos < len(data):
+        if data[pos:pos + 2] != b"\x1f\x8b":
+            if pos and not data[pos:].strip(b"\x00"):  # zero padding after the last member
+                break
+            raise UsageError(f"{show_path(path)}: truncated or corrupt gzip data (garbage after the compressed data)")
+        d = zlib.decompressobj(wbits=31)
+        chunk: bytes | memoryview = memoryview(data)[pos:]
+        while not d.eof:
+            piece = d.decompress(chunk, cap + 1 - len(out))
+            out += piece
+            if len(out) > cap:
+                raise _too_big(path, what, cap, compressed=True)
+            rest = d.unconsumed_tail
+            if not piece and len(rest) == len(chunk):  # no progress: the input is exhausted
+                break
+            chunk = rest
+        if not d.eof:
+            raise UsageError(f"{show_path(path)}: truncated or corrupt gzip data (the compressed stream ends early)")
+        pos = len(data) - len(d.unused_data)
+    return bytes(out)
+
+
+def read_json_document(path: Path, what: str = "trace", max_bytes: int | None = None) -> Any:
     """Read a ``.json`` or gzip-compressed JSON file (detected by content, not by name).
 
-    Raises :class:`UsageError` for unreadable files, truncated/corrupt gzip, tar archives and
-    invalid JSON, naming the file and the position of the problem.
+    Raises :class:`UsageError` for unreadable files, truncated/corrupt gzip, tar archives, files
+    larger (once decompressed) than ``max_bytes`` (default :func:`max_trace_bytes`), invalid
+    JSON and JSON nested too deeply to decode, naming the file and the position of the problem.
     """
+    cap = max_trace_bytes() if max_bytes is None else max_bytes
     try:
+        if path.stat().st_size > cap:
+            raise _too_big(path, what, cap, compressed=False)
         raw = path.read_bytes()
     except OSError as exc:
-        raise UsageError(f"{path}: cannot read {what}: {exc.strerror or exc}") from exc
+        raise UsageError(f"{show_path(path)}: cannot read {what}: {exc.strerror or exc}") from exc
     if raw[:2] == b"\x1f\x8b":
         try:
-            raw = gzip.decompress(raw)
-        except (EOFError, OSError, zlib.error) as exc:
-            raise UsageError(f"{path}: truncated or corrupt gzip data ({exc})") from exc
+            raw = _gunzip(path, raw, what, cap)
+        except (EOFError, zlib.error) as exc:
+            raise UsageError(f"{show_path(path)}: truncated or corrupt gzip data ({exc})") from exc
     if len(raw) > 262 and raw[257:262] == b"ustar":
-        raise UsageError(f"{path}: is a tar archive; extract it first and pass the .json inside")
+        raise UsageError(f"{show_path(path)}: is a tar archive; extract it first and pass the .json inside")
     if not raw.strip():
-        raise UsageError(f"{path}: empty file, expected a JSON {what}")
+        raise UsageError(f"{show_path(path)}: empty file, expected a JSON {what}")
     try:
         return json.loads(raw)
     except UnicodeDecodeError as exc:
-        raise UsageError(f"{path}: not a JSON {what} (not UTF-8 text: {exc.reason})") from exc
+        raise UsageError(f"{show_path(path)}: not a JSON {what} (not UTF-8 text: {exc.reason})") from exc
     except json.JSONDecodeError as exc:
         raise UsageError(
-            f"{path}: not a valid JSON {what}: {exc.msg} at line {exc.lineno} column {exc.colno}"
+            f"{show_path(path)}: not a valid JSON {what}: {exc.msg} at line {exc.lineno} column {exc.colno}"
         ) from exc
+    except RecursionError:
+        raise UsageError(f"{show_path(path)}: not a usable JSON {what}: nested too deeply to decode") from None
+    except ValueError as exc:  # e.g. an integer of more than 4300 digits
+        raise UsageError(f"{show_path(path)}: not a usable JSON {what}: {str(exc).splitlines()[0]}") from None
 
 
 def _is_tar(path: Path) -> bool:
@@ -138,7 +218,7 @@ def load_trace(path: str | os.PathLike) -> Trace:
     """
     p = resolve_trace_path(path)
     if p.suffix.lower() not in (".json", ".gz") and _is_tar(p):
-        raise UsageError(f"{p}: is a tar archive; extract it first and pass the .json inside")
+        raise UsageError(f"{show_path(p)}: is a tar archive; extract it first and pass the .json inside")
     with gc_paused():
         doc = read_json_document(p)
         return parse_trace_document(doc, source=str(p))
@@ -179,7 +259,7 @@ def parse_trace_document(doc: Any, source: str = "<trace>") -> Trace:
         if node.id in nodes:
             other = nodes[node.id]
             ctx.node_id = None
-            raise ctx.error(f"duplicate node id {node.id} ({other.name} and {node.name})")
+            raise ctx.error(f"duplicate node id {node.id} ({show_path(other.name)} and {show_path(node.name)})")
         nodes[node.id] = node
     ctx.node_id = None
     root_id = _link(nodes, ctx)
@@ -210,12 +290,12 @@ def _link(nodes: dict[int, Node], ctx: _Ctx) -> int:
             continue
         parent = nodes.get(node.parent)
         if parent is None:
-            raise ctx.error(f"node {node.id} ({node.name}): parent {node.parent} is not in the trace")
+            raise ctx.error(f"node {node.id} ({show_path(node.name)}): parent {node.parent} is not in the trace")
         parent.children.append(node.id)
     if not roots:
         raise ctx.error("no root node (a node that names itself as its parent)")
     if len(roots) > 1:
-        names = ", ".join(f"{r} ({nodes[r].name})" for r in sorted(roots)[:4])
+        names = ", ".join(f"{r} ({show_path(nodes[r].name)})" for r in sorted(roots)[:4])
         raise ctx.error(f"{len(roots)} root nodes ({names}); expected one")
     for node in nodes.values():
         if len(node.children) > 1:
@@ -237,7 +317,7 @@ def _link(nodes: dict[int, Node], ctx: _Ctx) -> int:
         lost = min(set(nodes) - reach)
         raise ctx.error(
             f"{len(nodes) - seen} nodes are not reachable from the root {root}, "
-            f"e.g. node {lost} ({nodes[lost].name}): the parent links form a cycle"
+            f"e.g. node {lost} ({show_path(nodes[lost].name)}): the parent links form a cycle"
         )
     return root
 
@@ -249,11 +329,11 @@ def _node_id(raw: dict, ctx: _Ctx, index: int) -> tuple[int, str]:
     name = raw.get("name")
     if "id" not in raw:
         ctx.node_id = None
-        label = f" ({name})" if isinstance(name, str) else ""
+        label = f" ({show_path(name)})" if isinstance(name, str) else ""
         raise ctx.error(f"nodes[{index}]{label} has no 'id'")
     nid = raw["id"]
     if not isinstance(nid, int) or isinstance(nid, bool):
-        raise ctx.error(f"nodes[{index}] has a non-integer id {nid!r}")
+        raise ctx.error(f"nodes[{index}] has a non-integer id {_short(nid)}")
     ctx.node_id = nid
     ctx.node_name = name if isinstance(name, str) else "?"
     if not isinstance(name, str):
@@ -265,7 +345,7 @@ def _parent(value: Any, nid: int, key: str, ctx: _Ctx) -> int | None:
     if isinstance(value, list) and len(value) == 1:  # chakra converters may write [parent]
         value = value[0]
     if not isinstance(value, int) or isinstance(value, bool):
-        raise ctx.error(f"'{key}' is {value!r}, expected the parent node id")
+        raise ctx.error(f"'{key}' is {_short(value)}, expected the parent node id")
     return None if value == nid else value
 
 
@@ -274,7 +354,7 @@ def _int_attr(attrs: dict[str, Any], key: str, ctx: _Ctx) -> int | None:
     if v is None:
         return None
     if not isinstance(v, int) or isinstance(v, bool):
-        raise ctx.error(f"attribute {key} is {v!r}, expected an integer")
+        raise ctx.error(f"attribute {key} is {_short(v)}, expected an integer")
     return v
 
 
@@ -283,7 +363,7 @@ def _str_attr(attrs: dict[str, Any], key: str, ctx: _Ctx) -> str:
     if v is None:
         return ""
     if not isinstance(v, str):
-        raise ctx.error(f"attribute {key} is {v!r}, expected a string")
+        raise ctx.error(f"attribute {key} is {_short(v)}, expected a string")
     return v
 
 
@@ -323,17 +403,19 @@ def _apply_tensor_range(inputs: list[Arg], rng: Any, ctx: _Ctx) -> list[Arg]:
             rng = json.loads(rng)
         except json.JSONDecodeError as exc:
             raise ctx.error(f"attribute tensor_range is not valid JSON ({exc.msg})") from exc
+        except (ValueError, RecursionError) as exc:  # a 5000-digit number; nesting too deep to decode
+            raise ctx.error(f"attribute tensor_range is not usable JSON ({type(exc).__name__})") from None
     if not isinstance(rng, dict):
-        raise ctx.error(f"attribute tensor_range is {rng!r}, expected an object")
+        raise ctx.error(f"attribute tensor_range is {_short(rng)}, expected an object")
     wanted: dict[int, tuple[float, float]] = {}
     for key, mm in rng.items():
         try:
             pos = int(key)
         except ValueError:
-            raise ctx.error(f"tensor_range key {key!r} is not an input tensor index") from None
+            raise ctx.error(f"tensor_range key {_short(key)} is not an input tensor index") from None
         if (not isinstance(mm, list) or len(mm) != 2
                 or not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in mm)):
-            raise ctx.error(f"tensor_range[{key}] is {mm!r}, expected [min, max]")
+            raise ctx.error(f"tensor_range[{show_path(key)}] is {_short(mm)}, expected [min, max]")
         wanted[pos] = (mm[0], mm[1])
     counter = [0]
 
@@ -372,7 +454,7 @@ def _parse_chakra_node(raw: dict, ctx: _Ctx, index: int) -> Node:
     if not ok:
         for i, a in enumerate(attrs_raw):
             if not isinstance(a, dict) or not isinstance(a.get("name"), str) or "value" not in a:
-                raise ctx.error(f"attrs[{i}] is {a!r}, expected {{'name', 'type', 'value'}}")
+                raise ctx.error(f"attrs[{i}] is {_short(a)}, expected {{'name', 'type', 'value'}}")
     inputs = _chakra_args(raw.get("inputs"), "inputs", ctx)
     outputs = _chakra_args(raw.get("outputs"), "outputs", ctx)
     return _make_node(nid, name, parent, inputs, outputs, attrs, ctx)
@@ -429,30 +511,46 @@ def _args(values: Any, shapes: Any, types: Any, strides: Any, label: str, ctx: _
     ]
 
 
+def _make_repr() -> reprlib.Repr:
+    r = reprlib.Repr()
+    r.maxlevel, r.maxlist, r.maxtuple, r.maxdict, r.maxstring, r.maxlong, r.maxother = 3, 6, 6, 4, 50, 30, 40
+    return r
+
+
+_REPR = _make_repr()
+
+
 def _short(v: Any) -> str:
-    s = json.dumps(v)
-    return s if len(s) <= 60 else s[:57] + "..."
+    """A value of the trace for a one-line message: bounded in size and depth (``repr`` of a value nested
+    a thousand levels deep recurses past the interpreter's limit), control characters escaped."""
+    s = show_path(_REPR.repr(v))
+    return s if len(s) <= 80 else s[:77] + "..."
 
 
 _INT_ONLY = {int}
 
 
 def _int_tuple(v: Any, what: str, where: str, ctx: _Ctx) -> tuple[int, ...]:
+    """A list of non-negative 64-bit integers (sizes and strides are never negative in torch)."""
     if type(v) is list:
         t = tuple(v)
         if not t or set(map(type, t)) == _INT_ONLY:  # bool is not int here: type(True) is bool
+            if t and (min(t) < 0 or max(t) > _INT64_MAX):
+                raise ctx.error(f"{where} has {what} {_short(v)}, expected non-negative 64-bit integers")
             return t
     raise ctx.error(f"{where} has {what} {_short(v)}, expected a list of integers")
 
 
 def _arg(value: Any, shape: Any, type_str: Any, stride: Any, has_strides: bool, where: str,
-         ctx: _Ctx) -> Arg:
+         ctx: _Ctx, depth: int = 0) -> Arg:
     if not isinstance(type_str, str):
-        raise ctx.error(f"{where} has type {type_str!r}, expected a type string")
+        raise ctx.error(f"{where} has type {_short(type_str)}, expected a type string")
+    if depth > MAX_ARG_DEPTH:
+        raise ctx.error(f"{where} nests lists more than {MAX_ARG_DEPTH} levels deep")
     try:
         kind, dtype, elems = parse_type(type_str)
     except ValueError as exc:
-        raise ctx.error(f"{where}: {exc}") from None
+        raise ctx.error(f"{where}: {ascii(str(exc))[1:-1]}") from None
     if kind == "Tensor":
         return Arg(kind, _tensor(value, shape, stride, has_strides, dtype or "unknown", where, ctx),
                    type_str, shape)
@@ -469,12 +567,15 @@ def _arg(value: Any, shape: Any, type_str: Any, stride: Any, has_strides: bool, 
         sub_strides = stride if isinstance(stride, list) and len(stride) == n else [None] * n
         items = [
             _arg(value[i], sub_shapes[i], elems[i], sub_strides[i], has_strides and stride is not None,
-                 f"{where}[{i}]", ctx)
+                 f"{where}[{i}]", ctx, depth + 1)
             for i in range(n)
         ]
         return Arg(kind, items, type_str, shape)
     if kind == "None" and value == "<None>":
         value = None
+    if isinstance(value, (list, dict)):
+        # the model's invariant: lists are typed (GenericList[...], Tuple[...]) and hold Args
+        raise ctx.error(f"{where} is {_short(type_str)} but its value is {_short(value)}, expected a single value")
     return Arg(kind, value, type_str, shape)
 
 
@@ -488,15 +589,42 @@ def _tensor(value: Any, shape: Any, stride: Any, has_strides: bool, dtype: str, 
         for k in range(5):
             if type(value[k]) is not int:
                 field_name = ("tensor_id", "storage_id", "offset", "numel", "itemsize")[k]
-                raise ctx.error(f"{where} is a tensor whose {field_name} is {value[k]!r}, expected an integer")
+                raise ctx.error(f"{where} is a tensor whose {field_name} is {_short(value[k])}, expected an integer")
+    if min(value[:5]) < 0 or max(value[:5]) > _INT64_MAX:
+        for k in range(5):
+            if value[k] < (_INT64_MIN if k < 2 else 0) or value[k] > _INT64_MAX:
+                field_name = ("tensor_id", "storage_id", "offset", "numel", "itemsize")[k]
+                bound = "a 64-bit integer" if k < 2 else "a non-negative 64-bit integer"
+                raise ctx.error(f"{where} is a tensor whose {field_name} is {value[k]}, expected {bound}")
+    if value[4] > _MAX_ITEMSIZE:
+        raise ctx.error(f"{where} is a tensor whose itemsize is {value[4]} bytes, expected at most {_MAX_ITEMSIZE}")
     device = value[5]
     if device is not None and not isinstance(device, str):
-        raise ctx.error(f"{where} is a tensor whose device is {device!r}, expected a string")
+        raise ctx.error(f"{where} is a tensor whose device is {_short(device)}, expected a string")
     shp = _int_tuple(shape, "shape", where, ctx) if shape is not None else ()
     strides = None
     if has_strides and stride is not None:
         strides = _int_tuple(stride, "strides", where, ctx)
+    _check_extent(shp, strides, value[2], value[4], where, ctx)
     return TensorRef(value[0], value[1], value[2], value[3], value[4], device, shp, strides, dtype)
+
+
+def _check_extent(shape: tuple[int, ...], strides: tuple[int, ...] | None, offset: int, itemsize: int,
+                  where: str, ctx: _Ctx) -> None:
+    """Refuse a tensor whose elements or storage span overflow what any device addresses (1 EiB),
+    before a size computation in torch overflows 64 bits on it."""
+    numel = 1
+    for d in shape:
+        numel *= d
+    if numel > MAX_TENSOR_BYTES:
+        raise ctx.error(f"{where} has shape {_short(list(shape))}: more than 2^60 elements")
+    if strides is None or len(strides) != len(shape):
+        extent = numel
+    else:
+        extent = 0 if numel == 0 else 1 + sum((d - 1) * s for d, s in zip(shape, strides))
+    if (offset + extent) * max(itemsize, 1) > MAX_TENSOR_BYTES:
+        raise ctx.error(f"{where} spans {offset + extent} elements of {max(itemsize, 1)} bytes from its storage's "
+                        "start: more than 1 EiB, beyond any device")
 
 
 # ------------------------------------------------------------------------------- dispatch
@@ -534,7 +662,7 @@ def parser_for_schema(schema: str, source: str = "<trace>") -> NodeParser:
     parser = PARSERS.get(fam) if fam else None
     if parser is None:
         raise UsageError(
-            f"{source}: unsupported execution trace schema {schema!r}; supported: "
+            f"{show_path(source)}: unsupported execution trace schema {_short(schema)}; supported: "
             + ", ".join(f"{v}" for v in supported_schemas())
             + " (with or without a -chakra.X suffix)"
         )
