@@ -89,6 +89,23 @@ def resolve_step(
     return step, {"kind": "user", "function": target, "config": None, "mode": None}
 
 
+def rebuild_step(original: dict[str, Any], device: str) -> Callable[[], Any]:
+    """The captured step, built again in this process on ``device``, from the description a plan
+    keeps of its ``capture.json`` (``metadata["original_step"]``: target, config, mode, dtype, seed;
+    see :func:`mystique.replay.plan.capture_original_step`). A built-in workload gets the same
+    weights and batch (same seed); a user's ``package.module:function`` factory is called again
+    after ``torch.manual_seed(seed)``. UsageError when the target cannot be imported or built,
+    EnvironmentUnsupported when it does not fit the device."""
+    target = original.get("target")
+    if not isinstance(target, str) or not target:
+        raise UsageError("the capture description names no target")
+    dtype = original.get("dtype") or "float32"
+    step, _described = resolve_step(target, config=original.get("config") or "debug",
+                                    mode=original.get("mode") or "train", device=device, dtype=dtype,
+                                    seed=int(original.get("seed") or 0))
+    return step
+
+
 def time_step(step: Callable[[], Any], target: Target, *, warmup: int, iters: int,
               progress: Progress | None = None) -> dict[str, Any]:
     """Warm up, then time ``iters`` uninstrumented steps (device-synchronised); medians in ms."""
@@ -233,7 +250,7 @@ def capture(
         res = Results(ctx, "capture")
         subject = f"{target_name}/{config}/{mode}" if described["kind"] == "workload" else target_name
         dt = meta["dtype"] or ""
-        res.add("uninstrumented_step_time", subject, "median_ms", timing["median_ms"], unit="ms", status="pass",
+        res.add("uninstrumented_step_time", subject, "median_ms", timing["median_ms"], unit="ms", status="info",
                 dtype=dt, detail=f"{steps} steps after {warmup} warm-up; IQR {timing['iqr_ms']:.3f} ms; seed {seed}")
         ok = counts["aten_ops"] > 0
         res.add("trace_recorded", subject, "aten_ops", counts["aten_ops"], status="pass" if ok else "fail",

@@ -772,14 +772,14 @@ def merge_replay(stage: Path, world: int, backend: str, device: str, res: Launch
                       detail=e.get("error") or f"rank {r} {e['state']} (timeout {timeout:g} s)")
     if summary["replay_step_ms"] is not None and math.isfinite(summary["replay_step_ms"]):
         res_d.add("critical_path_step_time", f"{world} ranks", "median_ms", summary["replay_step_ms"], unit="ms",
-                  status="pass", detail=f"slowest rank: rank {summary['critical_rank']}")
+                  status="info", detail=f"slowest rank: rank {summary['critical_rank']}")
     if summary["ratio"] is not None:
-        ok = STEP_RATIO_LOW <= summary["ratio"] <= STEP_RATIO_HIGH
-        res_d.add("critical_path_step_time_ratio", f"{world} ranks", "ratio", summary["ratio"],
-                  threshold=STEP_RATIO_HIGH if summary["ratio"] > 1 else STEP_RATIO_LOW,
-                  status="pass" if ok else "fail",
-                  detail=f"replay {summary['replay_step_ms']:.3f} ms / captured {summary['original_step_ms']:.3f} ms "
-                         f"(max over ranks); pass within {STEP_RATIO_LOW:.2f}-{STEP_RATIO_HIGH:.2f}")
+        # two medians measured at different times, in different processes: a measurement, never a
+        # verdict (measure_fidelity times both side by side and gives one from its interval)
+        res_d.add("critical_path_step_time_ratio", f"{world} ranks", "ratio", summary["ratio"], status="info",
+                  detail=f"recorded (not paired): replay {summary['replay_step_ms']:.3f} ms / captured "
+                         f"{summary['original_step_ms']:.3f} ms (max over ranks), measured at different times: "
+                         f"no verdict")
     by_index: dict[str, list[dict[str, str]]] = {}
     for row in coll_rows:
         by_index.setdefault(row["index"], []).append(row)
@@ -835,6 +835,7 @@ def _merge_summaries(real: list[tuple[int, dict[str, Any]]], world: int, backend
         "original_step_ms": original,
         "replay_step_ms": crit_ms if math.isfinite(crit_ms) else None,
         "ratio": ratio,
+        "ratio_kind": "recorded" if ratio is not None else None,
         "world_size": world,
         "backend": backend,
         "critical_rank": crit_rank,
@@ -1192,10 +1193,16 @@ def measure_fidelity(capture_dir: str | os.PathLike, *, iters: int = 10, warmup:
     For each of ``iters`` repetitions every rank runs the rebuilt captured step (its workload under
     the recorded parallelism), then one replay iteration of its own trace, with barriers around
     each so the ranks start together; interleaving cancels the drift of a shared machine's load.
-    Returns ``{"world_size", "captured_ms", "replayed_ms", "ratio", "per_rank": {...}}`` where the
-    step times are the critical path (max over ranks) of the per-rank medians.
+    Returns ``{"world_size", "captured_ms", "replayed_ms", "ratio", "ratio_low", "ratio_high",
+    "ratio_kind", "ratios", "verdict", "per_rank": {...}}``: the step times are the critical path (max
+    over ranks) of the per-rank medians; ``ratio`` is the median over the repetitions of the paired
+    ratio replayed / captured of that repetition's critical path, ``ratio_low``/``ratio_high`` its 95%
+    interval and ``verdict`` the interval's against ``STEP_RATIO_LOW``-``STEP_RATIO_HIGH`` (pass
+    inside, fail outside, inconclusive straddling).
     """
     import tempfile
+
+    from .timing import median_interval, verdict
 
     rs = find_rank_sources(capture_dir)
     if rs is None or not all((p / "capture.json").exists() for p in rs.sources.values()):
@@ -1213,11 +1220,18 @@ def measure_fidelity(capture_dir: str | os.PathLike, *, iters: int = 10, warmup:
         if not res.ok:
             raise DistributedFailure(failure_message(res, Path(tmp), timeout))
         per_rank = {}
+        raw = []
         for r in range(world):
             d = json.loads((Path(tmp) / f"fidelity-rank-{r}.json").read_text(encoding="utf-8"))
+            raw.append(d)
             per_rank[str(r)] = {"captured_ms": statistics.median(d["captured_ms"]),
                                 "replayed_ms": statistics.median(d["replayed_ms"])}
     cap_ms = max(v["captured_ms"] for v in per_rank.values())
     rep_ms = max(v["replayed_ms"] for v in per_rank.values())
-    return {"world_size": world, "captured_ms": cap_ms, "replayed_ms": rep_ms, "ratio": rep_ms / cap_ms,
+    n = min(len(d["captured_ms"]) for d in raw)
+    ratios = [max(d["replayed_ms"][i] for d in raw) / max(d["captured_ms"][i] for d in raw) for i in range(n)]
+    lo, hi = median_interval(ratios)
+    return {"world_size": world, "captured_ms": cap_ms, "replayed_ms": rep_ms,
+            "ratio": statistics.median(ratios) if ratios else math.nan, "ratio_low": lo, "ratio_high": hi,
+            "ratio_kind": "paired", "ratios": ratios, "verdict": verdict(lo, hi, STEP_RATIO_LOW, STEP_RATIO_HIGH),
             "per_rank": per_rank}

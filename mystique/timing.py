@@ -23,6 +23,8 @@ host wall time beside it; elsewhere wall time between device synchronisations.
 from __future__ import annotations
 
 import math
+from fractions import Fraction
+import os
 import statistics
 import time
 from collections.abc import Callable
@@ -41,10 +43,12 @@ def median_interval(values: list[float], level: float = LEVEL) -> tuple[float, f
     n = len(xs)
     if n == 0:
         return (math.nan, math.nan)
-    # the largest j with P(Binomial(n, 1/2) < j) <= (1 - level) / 2: [x_(j), x_(n+1-j)] covers the median
-    tail, cdf, j = (1.0 - level) / 2.0, 0.0, 0
+    # the largest j with P(Binomial(n, 1/2) < j) <= (1 - level) / 2: [x_(j), x_(n+1-j)] covers the median;
+    # counted in integers (C(n, j) out of 2^n) so that no float overflows however many rounds there are
+    tail = Fraction((1.0 - level) / 2.0) * 2**n
+    cdf, j = 0, 0
     while j < n:
-        p = math.comb(n, j) / 2.0**n
+        p = math.comb(n, j)
         if cdf + p > tail:
             break
         cdf += p
@@ -79,6 +83,11 @@ class Paired:
     clock: str = "wall"
     stop: str = ""  # why the rounds stopped: "half-width", "time cap", "max rounds"
     seconds: float = 0.0
+    order: str = "ABBA"
+    half_width_target: float = math.nan
+    time_cap_s: float = math.nan
+    loadavg_start: list[float] | None = None  # os.getloadavg() before the warm-up, and after the rounds
+    loadavg_end: list[float] | None = None
 
     @property
     def rounds(self) -> int:
@@ -113,12 +122,31 @@ class Paired:
         return statistics.median(self.b_ms) if self.b_ms else math.nan
 
     def summary(self) -> dict[str, Any]:
-        """The statistics as ``summary.json`` keeps them (per-round times included)."""
+        """The statistics as ``summary.json`` keeps them (per-round times included); strict JSON:
+        a non-finite number (no interval yet) becomes None."""
         lo, hi = self.interval
         d = asdict(self)
         d.update(rounds=self.rounds, ratio=self.ratio, ratio_low=lo, ratio_high=hi, half_width=self.half_width,
-                 level=LEVEL, a_median_ms=self.a_median_ms, b_median_ms=self.b_median_ms)
-        return d
+                 level=LEVEL, a_median_ms=self.a_median_ms, b_median_ms=self.b_median_ms, ratios=self.ratios)
+        return _json_safe(d)
+
+
+def _json_safe(v: Any) -> Any:
+    if isinstance(v, float):
+        return v if math.isfinite(v) else None
+    if isinstance(v, dict):
+        return {k: _json_safe(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_json_safe(x) for x in v]
+    return v
+
+
+def loadavg() -> list[float] | None:
+    """The host's 1, 5 and 15 minute load averages, or None where the platform has none."""
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except (AttributeError, OSError):
+        return None
 
 
 class _Timer:
@@ -127,26 +155,37 @@ class _Timer:
     def __init__(self, device: str, sync: Callable[[], None]):
         self.sync = sync
         self.cuda = False
+        self.dev: Any = None
         try:
             import torch
 
-            self.cuda = device.startswith("cuda") and torch.cuda.is_available()
+            self.cuda = str(device).startswith("cuda") and torch.cuda.is_available()
+            if self.cuda:
+                self.dev = torch.device(device)
+                if self.dev.index is None:
+                    self.dev = torch.device("cuda", torch.cuda.current_device())
         except ImportError:  # pragma: no cover - torch is a dependency
             pass
         self.clock = "cuda events" if self.cuda else "wall"
 
     def __call__(self, fn: Callable[[], Any]) -> tuple[float, float]:
-        """(device ms, wall ms) of one call, synchronised at both ends."""
+        """(device ms, wall ms) of one call, synchronised at both ends.
+
+        On CUDA the events are recorded on the device's current stream (the one the step and the
+        replay launch on) right before and after the call; the elapsed time between them, read after
+        a synchronisation, is the step's device time including any host-bound gaps between kernels."""
         self.sync()
         if self.cuda:
             import torch
 
+            stream = torch.cuda.current_stream(self.dev)
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             w0 = time.perf_counter()
-            start.record()
+            start.record(stream)
             fn()
-            end.record()
+            end.record(torch.cuda.current_stream(self.dev))
             self.sync()
+            end.synchronize()
             wall = (time.perf_counter() - w0) * 1e3
             return float(start.elapsed_time(end)), wall
         w0 = time.perf_counter()
@@ -177,13 +216,19 @@ def paired_rounds(
     window: int = 5,
     stable_tol: float = 0.05,
     warmup_cap_s: float | None = None,
+    min_warmup: int = 0,
     progress: Callable[[str], None] | None = None,
+    between: Callable[[], None] | None = None,
 ) -> Paired:
-    """Alternate ``a`` and ``b`` (ABBA) after a warm-up until stable; add rounds until the 95%
-    interval of the median ratio ``a/b`` is within ``half_width`` (relative) or ``time_cap_s``
-    (measurement, after warm-up) is spent. ``sync`` waits for the device at step boundaries."""
+    """Alternate ``a`` and ``b`` (ABBA) after a warm-up until stable (at least ``min_warmup``
+    rounds); add rounds (at least ``min_rounds``) until the 95% interval of the median ratio ``a/b``
+    is within ``half_width`` (relative) or ``time_cap_s`` (measurement, after warm-up) is spent.
+    ``sync`` waits for the device at step boundaries; ``between`` (if given) is called after every
+    warm-up and measured round, outside the timed calls (e.g. to watch the host and abort by raising)."""
+    if half_width <= 0 or time_cap_s <= 0:
+        raise ValueError("half_width and time_cap_s must be positive")
     timer = _Timer(device, sync)
-    out = Paired(clock=timer.clock)
+    out = Paired(clock=timer.clock, half_width_target=half_width, time_cap_s=time_cap_s, loadavg_start=loadavg())
     cap = warmup_cap_s if warmup_cap_s is not None else max(5.0, time_cap_s / 4)
     t0 = time.perf_counter()
     wa: list[float] = []
@@ -191,10 +236,12 @@ def paired_rounds(
     while True:  # warm-up until stable
         wa.append(timer(a)[0])
         wb.append(timer(b)[0])
-        if _settled(wa, window, stable_tol) and _settled(wb, window, stable_tol):
+        if between is not None:
+            between()
+        if len(wa) >= min_warmup and _settled(wa, window, stable_tol) and _settled(wb, window, stable_tol):
             out.warmup_settled = True
             break
-        if time.perf_counter() - t0 > cap:
+        if time.perf_counter() - t0 > cap and len(wa) >= min_warmup:
             break
     out.warmup_rounds, out.warmup_s = len(wa), time.perf_counter() - t0
     if progress:
@@ -211,6 +258,8 @@ def paired_rounds(
         out.a_wall_ms.append(got[True][1])
         out.b_ms.append(got[False][0])
         out.b_wall_ms.append(got[False][1])
+        if between is not None:
+            between()
         n = out.rounds
         now = time.perf_counter()
         if n >= min_rounds and out.half_width <= half_width:
@@ -227,4 +276,5 @@ def paired_rounds(
             progress(f"round {n}: ratio {out.ratio:.3f} [{lo:.3f}, {hi:.3f}]")
             next_note = now + 2.0
     out.seconds = time.perf_counter() - t0
+    out.loadavg_end = loadavg()
     return out

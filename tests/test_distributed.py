@@ -222,7 +222,7 @@ def _read(path: Path) -> list[dict[str, str]]:
 def test_replay_of_the_ddp_capture_runs_every_collective_on_both_ranks(ddp_capture, tmp_path, cli_run):
     out = tmp_path / "rep"
     code, stdout, stderr = cli_run("-q", "replay", str(ddp_capture), "-o", str(out), "--iters", "2", "--warmup", "0")
-    assert code in (0, 1), stderr  # 1 only when a step-time ratio fell outside its band on a busy machine
+    assert code == 0, stderr  # timing is recorded here: a measurement, no verdict to fail
     summary = json.loads((out / "summary.json").read_text())
     for key in ("ops_total", "ops_replayed", "ops_skipped", "coverage", "coverage_by_time", "original_step_ms",
                 "replay_step_ms", "ratio"):
@@ -244,6 +244,15 @@ def test_replay_of_the_ddp_capture_runs_every_collective_on_both_ranks(ddp_captu
     results = _read(out / "results.csv")
     cov = next(r for r in results if r["check"] == "collectives_replayed")
     assert cov["status"] == "pass" and cov["suite"] == "distributed"
+    # the step-time ratio against the capture's recorded medians is a measurement, never a verdict
+    ratio = [r for r in results if r["check"] == "critical_path_step_time_ratio"]
+    assert summary["ratio_kind"] == ("recorded" if summary["ratio"] is not None else None)
+    assert all(r["status"] == "info" and "recorded (not paired)" in r["detail"] for r in ratio)
+    assert len(ratio) == (summary["ratio"] is not None)
+    for r in (0, 1):  # a rank of a multi-rank capture is not paired with its step (it needs its group)
+        rank = summary["ranks"][str(r)]["summary"]
+        assert rank["ratio_kind"] in ("recorded", None) and rank["timing"]["kind"] == "recorded"
+    assert all(r["status"] != "fail" for r in results if "ratio" in r["check"])
     assert {r["subject"].split("/")[0] for r in results if r["suite"] == "replay"} == {"rank-0", "rank-1"}
 
 
@@ -251,7 +260,7 @@ def test_one_rank_trace_replays_with_a_synthetic_peer(chakra_file, tmp_path, cli
     out = tmp_path / "peer"
     code, stdout, stderr = cli_run("-q", "replay", str(chakra_file), "-o", str(out), "--world-size", "2",
                                    "--iters", "2", "--warmup", "0")
-    assert code in (0, 1), stderr
+    assert code == 0, stderr  # every collective and op replays; its timings are measurements, no verdict
     summary = json.loads((out / "summary.json").read_text())
     assert summary["ranks"]["1"]["synthetic"] is True and summary["ranks"]["0"]["synthetic"] is False
     assert summary["collectives"]["total"] == summary["collectives"]["replayed"] >= 10

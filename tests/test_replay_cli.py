@@ -5,12 +5,13 @@ from __future__ import annotations
 import csv
 import json
 import math
+import statistics
 from pathlib import Path
 
 import pytest
 import torch
 
-from mystique.replay.run import OPS_COLUMNS, SUMMARY_KEYS
+from mystique.replay.run import DESIGN_SUMMARY_KEYS, OPS_COLUMNS, SUMMARY_KEYS
 
 DATA = Path(__file__).parent / "data" / "traces"
 
@@ -25,35 +26,79 @@ def trace_dir(tmp_path_factory) -> Path:
     return out
 
 
-def test_replay_of_a_trace_dir_writes_summary_ops_and_results(trace_dir, tmp_path, cli_run):
+# paired timing in tests: a short cap and a loose half-width keep each replay a few seconds
+FAST = ("--time-cap", "1", "--half-width", "0.5", "--iters", "6", "--warmup", "1")
+
+
+def test_replay_of_a_trace_dir_is_paired_with_the_rebuilt_step(trace_dir, tmp_path, cli_run):
     out = tmp_path / "r"
-    code, stdout, _ = cli_run("-q", "replay", str(trace_dir), "-o", str(out), "--iters", "3", "--warmup", "1")
-    assert "ops replayed" in stdout
+    code, stdout, _ = cli_run("-q", "replay", str(trace_dir), "-o", str(out), *FAST)
+    assert "ops replayed" in stdout and "paired" in stdout
     summary = json.loads((out / "summary.json").read_text())
-    assert tuple(summary) == SUMMARY_KEYS
+    assert tuple(summary) == SUMMARY_KEYS and tuple(summary)[:8] == DESIGN_SUMMARY_KEYS
     types = {"ops_total": int, "ops_replayed": int, "ops_skipped": dict, "coverage": float,
-             "coverage_by_time": float, "original_step_ms": float, "replay_step_ms": float, "ratio": float}
+             "coverage_by_time": float, "original_step_ms": float, "replay_step_ms": float, "ratio": float,
+             "ratio_low": float, "ratio_high": float, "half_width": float, "timing": dict, "op_error": dict,
+             "lacks": list, "cross_device": bool}
     for k, t in types.items():
         assert type(summary[k]) is t, (k, summary[k])
     assert summary["ops_skipped"] == {} and summary["coverage"] == 1.0 and summary["coverage_by_time"] == 1.0
+    assert summary["ratio_kind"] == "paired" and summary["cross_device"] is False
+    assert summary["ratio_low"] <= summary["ratio"] <= summary["ratio_high"]
+    t = summary["timing"]
+    assert t["kind"] == "paired" and t["order"] == "ABBA" and t["rounds"] >= 6
+    assert len(t["replay_ms"]) == len(t["original_ms"]) == len(t["ratios"]) == t["rounds"]
+    assert t["stop"] in ("half-width", "time cap") and t["half_width_target"] == 0.5 and t["time_cap_s"] == 1.0
+    assert t["warmup_rounds"] >= 1 and isinstance(t["warmup_settled"], bool) and t["clock"] == "wall"
+    assert t["pacing"] == "none" and t["threads"] >= 1 and len(t["loadavg_start"]) == 3
+    # the paired medians, not the capture's figure, are the step times; the capture's stays, labelled
+    assert summary["original_step_ms"] == pytest.approx(statistics.median(t["original_ms"]))
+    assert summary["replay_step_ms"] == pytest.approx(statistics.median(t["replay_ms"]))
+    assert summary["ratio"] == pytest.approx(statistics.median(t["ratios"]))
     cap = json.loads((trace_dir / "capture.json").read_text())
-    assert summary["original_step_ms"] == pytest.approx(cap["step_time"]["median_ms"])
-    assert summary["ratio"] == pytest.approx(summary["replay_step_ms"] / summary["original_step_ms"])
+    assert summary["recorded_original_step_ms"] == pytest.approx(cap["step_time"]["median_ms"])
+    assert summary["recorded_ratio"] == pytest.approx(summary["replay_step_ms"] / summary["recorded_original_step_ms"])
     rows = list(csv.DictReader((out / "ops.csv").open()))
     assert list(rows[0]) == OPS_COLUMNS and len(rows) == summary["ops_total"]
     assert all(r["replay_us"] and float(r["replay_us"]) > 0 for r in rows)
     assert sum(1 for r in rows if r["original_us"]) > len(rows) // 2  # Kineto times joined by rf_id
+    assert sum(1 for r in rows if r["time_error"]) > len(rows) // 2
+    assert summary["op_error"]["reference"] == "host" and summary["op_error"]["ops_compared"] > len(rows) // 2
     from mystique.results import read_csv
 
     df = read_csv(out / "results.csv")
     assert set(df["suite"]) == {"replay"}
-    assert set(df["subject"]) == {"user_steps:tiny_mlp"}  # what capture.json says was captured
-    checks = dict(zip(df["check"], df["status"]))
-    assert checks["replay_coverage"] == "pass"
-    assert checks["replay_step_time_ratio"] in ("pass", "fail")
-    ratio_row = df[df["check"] == "replay_step_time_ratio"].iloc[0]
-    assert ratio_row["value"] == pytest.approx(summary["ratio"])
-    assert code == (0 if 0.9 <= summary["ratio"] <= 1.1 else 1)
+    assert set(df["subject"]) >= {"user_steps:tiny_mlp"}  # what capture.json says was captured
+    by = {(c, m): st for c, m, st in zip(df["check"], df["metric"], df["status"])}
+    assert by[("replay_coverage", "coverage")] == "pass"
+    assert by[("replay_step_time", "median_ms")] == "info" and by[("original_step_time", "median_ms")] == "info"
+    assert by[("replay_step_time_ratio", "ratio_ci_low")] == by[("replay_step_time_ratio", "ratio_ci_high")] == "info"
+    from mystique.timing import verdict
+
+    want = verdict(summary["ratio_low"], summary["ratio_high"], 0.9, 1.1)
+    assert by[("replay_step_time_ratio", "ratio")] == summary["verdict"] == want
+    ratio_row = df[(df["check"] == "replay_step_time_ratio") & (df["metric"] == "ratio")].iloc[0]
+    assert ratio_row["value"] == pytest.approx(summary["ratio"]) and "paired" in ratio_row["detail"]
+    assert code == (0 if want == "pass" else 1)
+    assert ("inconclusive:" in stdout) == (want == "inconclusive")
+
+
+def test_timing_recorded_keeps_the_capture_time_ratio_as_a_measurement(trace_dir, tmp_path, cli_run):
+    out = tmp_path / "r"
+    code, stdout, _ = cli_run("-q", "replay", str(trace_dir), "-o", str(out), "--timing", "recorded",
+                              "--iters", "3", "--warmup", "1")
+    assert code == 0 and "recorded, no verdict" in stdout
+    s = json.loads((out / "summary.json").read_text())
+    cap = json.loads((trace_dir / "capture.json").read_text())
+    assert s["ratio_kind"] == "recorded" and s["ratio_low"] is None and s["verdict"] is None
+    assert s["original_step_ms"] == pytest.approx(cap["step_time"]["median_ms"])
+    assert s["ratio"] == pytest.approx(s["replay_step_ms"] / s["original_step_ms"]) == pytest.approx(s["recorded_ratio"])
+    assert s["timing"]["kind"] == "recorded" and s["timing"]["why_not_paired"] == "--timing recorded"
+    assert len(s["timing"]["replay_ms"]) == 3
+    from mystique.results import read_csv
+
+    row = read_csv(out / "results.csv").set_index(["check", "metric"]).loc[("replay_step_time_ratio", "ratio")]
+    assert row["status"] == "info" and "recorded (not paired)" in row["detail"]
 
 
 def test_replay_of_a_raw_et_file_has_no_original_time_and_skips_the_ratio(tmp_path, cli_run):
@@ -72,6 +117,53 @@ def test_replay_of_a_raw_et_file_has_no_original_time_and_skips_the_ratio(tmp_pa
     assert df.set_index("check").loc["replay_step_time_ratio", "status"] == "skip"
     assert set(df["subject"]) == {"resnet_1gpu_trimmed.json.gz"}  # a bare ET file: its name
     assert df.set_index("check").loc["replay_coverage", "status"] == "pass"
+    # a foreign trace: nothing to run beside it, no Kineto, no step time; said plainly
+    assert s["ratio_kind"] is None and s["timing"]["kind"] == "recorded"
+    assert "nothing to run beside the replay" in s["timing"]["why_not_paired"]
+    lacks = " | ".join(s["lacks"])
+    assert "no Kineto trace" in lacks and "no recorded step time" in lacks and "no capture.json" in lacks
+    assert s["op_error"]["ops_compared"] == 0
+    row = df.set_index("check").loc["replay_op_time_error"]
+    assert row["status"] == "skip" and "no Kineto trace" in row["detail"]
+    assert "no Kineto trace" in df.set_index("check").loc["replay_step_time_ratio", "detail"]
+
+
+def test_foreign_trace_with_kineto_is_compared_with_its_recorded_times(trace_dir, tmp_path, cli_run):
+    """A trace dir from elsewhere (ET + Kineto, no capture.json): recorded fidelity from Kineto."""
+    import shutil
+
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    for name in ("trace.json.gz", "kineto.json.gz"):
+        shutil.copy(trace_dir / name, foreign / name)
+    out = tmp_path / "r"
+    code, stdout, _ = cli_run("-q", "replay", str(foreign), "-o", str(out), "--iters", "3", "--warmup", "1",
+                              "--time-cap", "1")
+    assert code == 0, stdout
+    s = json.loads((out / "summary.json").read_text())
+    assert s["ratio_kind"] == "recorded" and s["ratio_low"] is None and s["verdict"] is None
+    assert "Kineto ProfilerStep span" in s["original_step_source"] and s["original_step_ms"] > 0
+    assert s["ratio"] == pytest.approx(s["replay_step_ms"] / s["original_step_ms"])
+    assert s["recorded_original_step_ms"] == s["original_step_ms"]
+    assert s["coverage_by_time"] == 1.0  # computed from Kineto's per-op times
+    oe = s["op_error"]
+    assert oe["reference"] == "host" and oe["ops_compared"] > 10
+    assert 0 <= oe["median_abs_error"] <= oe["p90_abs_error"]
+    assert oe["by_op_type"] and {"op", "n", "median_abs_error", "p90_abs_error"} <= set(oe["by_op_type"][0])
+    assert any("no capture.json" in x for x in s["lacks"]) and not any("Kineto" in x for x in s["lacks"])
+    rows = list(csv.DictReader((out / "ops.csv").open()))
+    errs = [float(r["time_error"]) for r in rows if r["time_error"]]
+    assert len(errs) == oe["ops_compared"]
+    assert statistics.median(abs(e) for e in errs) == pytest.approx(oe["median_abs_error"], rel=1e-3, abs=1e-4)
+    from mystique.results import read_csv
+
+    df = read_csv(out / "results.csv")
+    err_rows = df[df["check"] == "replay_op_time_error"]
+    assert len(err_rows) >= 2 and set(err_rows["status"]) == {"info"}
+    assert err_rows.iloc[0]["value"] == pytest.approx(oe["median_abs_error"])
+    assert any(sub.endswith("/aten::addmm") or "/aten::" in sub for sub in err_rows["subject"])
+    ratio = df[(df["check"] == "replay_step_time_ratio")].iloc[0]
+    assert ratio["status"] == "info" and "Kineto ProfilerStep span" in ratio["detail"]
 
 
 def test_collectives_and_unavailable_custom_ops_fail_coverage_only_for_compute_ops(tmp_path, cli_run):
@@ -180,18 +272,31 @@ def test_benchmark_generated_from_a_trace_dir_keeps_the_original_step_time(trace
     assert plan["metadata"]["original_step_ms"] == pytest.approx(cap["step_time"]["median_ms"])
     assert plan["metadata"]["original_op_times"] is True
     assert sum(1 for op in plan["ops"] if op["orig_us"] is not None) > len(plan["ops"]) // 2
-    cli_run("-q", "replay", str(bench / "benchmark.json"), "-o", str(tmp_path / "r"), "--iters", "2", "--warmup", "0")
+    # what rebuilds the captured step travels with the benchmark
+    assert plan["metadata"]["original_step"] == {"target": "user_steps:tiny_mlp", "kind": "user", "config": None,
+                                                 "mode": None, "dtype": None, "seed": 0, "device": "cpu",
+                                                 "threads": cap["threads"]}
+    cli_run("-q", "replay", str(bench / "benchmark.json"), "-o", str(tmp_path / "r"), *FAST)
     s = json.loads((tmp_path / "r" / "summary.json").read_text())
-    assert s["original_step_ms"] == pytest.approx(cap["step_time"]["median_ms"]) and isinstance(s["ratio"], float)
+    assert s["recorded_original_step_ms"] == pytest.approx(cap["step_time"]["median_ms"])
+    assert s["ratio_kind"] == "paired" and isinstance(s["ratio"], float) and s["ratio_low"] <= s["ratio_high"]
     from mystique.results import read_csv
 
-    assert set(read_csv(tmp_path / "r" / "results.csv")["subject"]) == {"user_steps:tiny_mlp"}
-    # an obfuscated benchmark does not name the workload: its rows name the benchmark folder
+    assert {x.split("/")[0] for x in read_csv(tmp_path / "r" / "results.csv")["subject"]} == {"user_steps:tiny_mlp"}
+    # an obfuscated benchmark does not name the workload: its rows name the benchmark folder, and it
+    # keeps no description of the step, so its timing is recorded
     hidden = tmp_path / "hidden_bench"
     assert cli_run("-q", "generate", str(trace_dir), "-o", str(hidden), "--obfuscate")[0] == 0
-    assert json.loads((hidden / "benchmark.json").read_text())["metadata"]["subject"] is None
+    meta = json.loads((hidden / "benchmark.json").read_text())["metadata"]
+    assert meta["subject"] is None and meta["original_step"] is None
+    assert "tiny_mlp" not in (hidden / "benchmark.json").read_text()
     cli_run("-q", "replay", str(hidden), "-o", str(tmp_path / "r2"), "--iters", "1", "--warmup", "0")
-    assert set(read_csv(tmp_path / "r2" / "results.csv")["subject"]) == {"hidden_bench"}
+    assert {x.split("/")[0] for x in read_csv(tmp_path / "r2" / "results.csv")["subject"]} == {"hidden_bench"}
+    s2 = json.loads((tmp_path / "r2" / "summary.json").read_text())
+    assert s2["ratio_kind"] == "recorded" and "obfuscated" in s2["timing"]["why_not_paired"]
+    # asking for paired timing where it cannot be had is bad usage, said in one line
+    code, _, err = cli_run("-q", "replay", str(hidden), "-o", str(tmp_path / "r3"), "--timing", "paired")
+    assert code == 2 and "--timing paired: an obfuscated benchmark" in err and not (tmp_path / "r3").exists()
 
 
 def test_subject_names_the_capture_else_the_folder_or_file(tmp_path):
@@ -228,17 +333,22 @@ def test_cpu_replays_use_the_captured_thread_count_capped_at_the_cores_available
 
 
 def test_replay_runs_with_the_plan_threads_and_restores_torch_setting(trace_dir, tmp_path, monkeypatch):
-    from mystique.replay import executor as ex
+    """Both sides of the paired rounds (and the recorded iterations) run with the captured thread count."""
+    from mystique.replay import fidelity
     from mystique.replay.run import replay
 
-    seen = []
-    real = ex.Executor.time_iterations
+    seen: dict[str, set[int]] = {"a": set(), "b": set()}
+    real = fidelity.paired_rounds
 
-    def spy(self, *a, **k):
-        seen.append(torch.get_num_threads())
-        return real(self, *a, **k)
+    def spy(a, b, **kw):
+        def wrap(fn, key):
+            def run():
+                seen[key].add(torch.get_num_threads())
+                return fn()
+            return run
+        return real(wrap(a, "a"), wrap(b, "b"), **kw)
 
-    monkeypatch.setattr(ex.Executor, "time_iterations", spy)
+    monkeypatch.setattr(fidelity, "paired_rounds", spy)
     before = torch.get_num_threads()
     bench = tmp_path / "b"
     from mystique.replay.generate import generate
@@ -248,8 +358,313 @@ def test_replay_runs_with_the_plan_threads_and_restores_torch_setting(trace_dir,
     data["metadata"]["original_threads"] = 1
     (bench / "benchmark.json").write_text(json.dumps(data))
     assert plan.metadata["original_threads"] == json.loads((trace_dir / "capture.json").read_text())["threads"]
-    _summary, df = replay(bench, tmp_path / "r", iters=2, warmup=0, op_iters=1)
-    assert seen and set(seen) == {1}
+    summary, df = replay(bench, tmp_path / "r", iters=6, warmup=0, op_iters=1, time_cap=0.5, half_width=0.5)
+    assert seen == {"a": {1}, "b": {1}} and summary["timing"]["threads"] == 1
     assert torch.get_num_threads() == before
-    detail = df.set_index("check").loc["replay_step_time", "detail"]
+    detail = df.set_index(["check", "metric"]).loc[("replay_step_time", "median_ms"), "detail"]
     assert "1 CPU threads (captured with 1)" in detail
+    from mystique.replay import executor as ex
+
+    recorded = []
+    real_ti = ex.Executor.time_iterations
+
+    def spy_ti(self, *a, **k):
+        recorded.append(torch.get_num_threads())
+        return real_ti(self, *a, **k)
+
+    monkeypatch.setattr(ex.Executor, "time_iterations", spy_ti)
+    replay(bench, tmp_path / "r2", iters=2, warmup=0, op_iters=1, timing="recorded")
+    assert recorded and set(recorded) == {1} and torch.get_num_threads() == before
+
+
+def _fake_rounds(ratios):
+    """A stand-in for paired_rounds giving rounds with known paired ratios (runs each side once)."""
+    from mystique.timing import Paired
+
+    def fake(a, b, **kw):
+        a()
+        b()
+        return Paired(a_ms=[10.0 * r for r in ratios], b_ms=[10.0] * len(ratios), a_wall_ms=[10.0 * r for r in ratios],
+                      b_wall_ms=[10.0] * len(ratios), warmup_rounds=3, warmup_s=0.1, warmup_settled=True,
+                      clock="wall", stop="time cap", seconds=1.0, half_width_target=kw["half_width"],
+                      time_cap_s=kw["time_cap_s"], loadavg_start=[0.5, 0.5, 0.5], loadavg_end=[0.5, 0.5, 0.5])
+
+    return fake
+
+
+@pytest.mark.parametrize("ratios,verdict,code", [
+    ([0.97 + 0.005 * i for i in range(12)], "pass", 0),           # interval inside 0.90-1.10
+    ([1.05 + 0.01 * i for i in range(11)], "inconclusive", 1),    # interval straddles 1.10
+    ([1.30 + 0.01 * i for i in range(11)], "fail", 1),            # interval wholly above
+])
+def test_the_ratio_verdict_comes_from_the_paired_interval(trace_dir, tmp_path, cli_run, monkeypatch, ratios,
+                                                          verdict, code):
+    from mystique.replay import fidelity
+    from mystique.timing import median_interval
+
+    monkeypatch.setattr(fidelity, "paired_rounds", _fake_rounds(ratios))
+    out = tmp_path / "r"
+    got, stdout, _ = cli_run("-q", "replay", str(trace_dir), "-o", str(out), "--iters", "2", "--warmup", "0")
+    s = json.loads((out / "summary.json").read_text())
+    lo, hi = median_interval(ratios)
+    assert (s["ratio_low"], s["ratio_high"]) == (pytest.approx(lo), pytest.approx(hi))
+    assert s["ratio"] == pytest.approx(statistics.median(ratios)) and s["verdict"] == verdict and got == code
+    from mystique.results import counts, read_csv
+
+    df = read_csv(out / "results.csv")
+    row = df[(df["check"] == "replay_step_time_ratio") & (df["metric"] == "ratio")].iloc[0]
+    assert row["status"] == verdict and f"[{lo:.3f}, {hi:.3f}]" in row["detail"]
+    assert ("inconclusive:" in stdout) == (verdict == "inconclusive")
+    assert counts(df).inconclusive == (verdict == "inconclusive")
+
+
+def test_a_step_the_replay_cannot_reproduce_in_time_fails(tmp_path, cli_run, monkeypatch):
+    """A user step that sleeps 20 ms beside a tiny op: the trace holds the op only, so the replay is far
+    faster than the original, and the paired interval lies wholly below the band."""
+    (tmp_path / "sleepy_steps.py").write_text(
+        "import time\nimport torch\n\n\ndef sleepy():\n    x = torch.randn(8, 8)\n\n"
+        "    def step():\n        time.sleep(0.02)\n        return (x @ x).sum().item()\n\n    return step\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    from mystique.capture import capture
+
+    cap = capture("sleepy_steps:sleepy", tmp_path / "cap", steps=3, warmup=1)
+    out = tmp_path / "r"
+    code, stdout, _ = cli_run("-q", "replay", str(cap), "-o", str(out), *FAST)
+    s = json.loads((out / "summary.json").read_text())
+    assert s["ratio_kind"] == "paired" and s["ratio_high"] < 0.5 and s["verdict"] == "fail" and code == 1
+    assert s["original_step_ms"] >= 20.0
+
+
+def test_why_a_benchmark_cannot_be_paired(trace_dir):
+    from mystique.replay import fidelity
+    from mystique.replay.plan import plan_from_path
+
+    plan, _ = plan_from_path(trace_dir)
+    assert fidelity.why_not_paired(plan, "cpu") is None
+    assert "replayed on cuda" in fidelity.why_not_paired(plan, "cuda")
+    plan.metadata["transforms"] = [{"filter": {"keep": "mm", "drop": None}}]
+    assert "transformed (filter)" in fidelity.why_not_paired(plan, "cpu")
+    plan.metadata["transforms"] = [{"dtype": "bfloat16"}]
+    assert "transformed (dtype bfloat16)" in fidelity.why_not_paired(plan, "cpu")
+    plan.metadata["transforms"] = []
+    plan.metadata["original_step"] = None
+    assert "no capture.json description" in fidelity.why_not_paired(plan, "cpu")
+    step, why = fidelity.rebuild_original(plan, "cpu", "auto")
+    assert step is None and "no capture.json" in why
+    from mystique.errors import UsageError
+
+    with pytest.raises(UsageError, match="--timing paired"):
+        fidelity.rebuild_original(plan, "cpu", "paired")
+
+
+def test_pacing_goes_to_the_executor(trace_dir, tmp_path, cli_run):
+    out = tmp_path / "r"
+    code, _, err = cli_run("-q", "replay", str(trace_dir), "-o", str(out), "--pacing", "recorded",
+                           "--timing", "recorded", *FAST)
+    assert code == 0, err  # a recorded ratio is a measurement: no timing verdict to fail
+    assert json.loads((out / "summary.json").read_text())["timing"]["pacing"] == "recorded"
+    code, _, err = cli_run("-q", "replay", str(trace_dir), "-o", str(tmp_path / "bad"), "--pacing", "sideways")
+    assert code == 2 and "sideways" in err and not (tmp_path / "bad").exists()
+
+
+def test_kineto_step_spans_and_device_times_feed_recorded_fidelity():
+    """A GPU trace's recorded fidelity compares device (kernel) times; the ProfilerStep span is the step."""
+    from test_replay_executor import PlanMaker, T
+
+    from mystique.replay import executor as ex
+    from mystique.replay import fidelity
+    from mystique.replay.plan import Plan
+    from mystique.replay.run import summarize
+    from mystique.trace.kineto import parse_kineto_document
+
+    doc = {"traceEvents": [
+        {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#3", "ts": 0, "dur": 100, "pid": 1, "tid": 1,
+         "args": {"Record function id": 1, "External id": 1}},
+        {"ph": "X", "cat": "cpu_op", "name": "aten::relu", "ts": 10, "dur": 5, "pid": 1, "tid": 1,
+         "args": {"Record function id": 5, "External id": 7}},
+        {"ph": "X", "cat": "kernel", "name": "relu_kernel", "ts": 20, "dur": 40, "pid": 0, "tid": 7,
+         "args": {"External id": 7, "correlation": 9}},
+        {"ph": "X", "cat": "kernel", "name": "late", "ts": 500, "dur": 3, "pid": 0, "tid": 7,
+         "args": {"External id": 7, "correlation": 10}},
+    ]}
+    k = parse_kineto_document(doc)
+    assert k.steps_us == {3: 100.0} and k.device_steps_us == {3: 40.0}  # the kernel after the span is not its
+    assert k.device_us == {5: 43.0} and k.has_device_events
+
+    pm = PlanMaker("cuda:0")
+    x = pm.tensor(pm.storage(16), [4])
+    y = pm.out([4])
+    z = pm.out([4])
+    pm.op("aten::relu", "default", [T(x)], outputs=[T(y)])
+    pm.op("aten::relu", "default", [T(y)], outputs=[T(z)])
+    pm.ops[0].update(orig_us=5.0, orig_device_us=40.0)
+    pm.ops[1].update(orig_us=5.0, orig_device_us=120.0)
+    data = pm.plan()
+    data["metadata"].update(original_device_op_times=True, original_step_span_ms=0.1)
+    plan = Plan(data)
+    assert fidelity.op_reference(plan) == "device" and fidelity.original_op_us(plan, plan.ops[1]) == 120.0
+    e = ex.Executor(plan.data, "cpu")
+    e.probe()
+    e.status[1].state = "skipped"
+    s = summarize(plan, e, [0.001], "cpu")
+    assert s["coverage_by_time"] == pytest.approx(40.0 / 160.0)  # weighted by device time, not host
+    assert s["ratio"] is None and s["cross_device"] is True  # a cuda original replayed on the cpu
+    assert s["recorded_original_step_ms"] == pytest.approx(0.1)
+    oe = fidelity.op_errors(plan, e, [80e-6, math.nan])  # no device given: compared as recorded
+    assert fidelity.op_errors(plan, e, [80e-6, math.nan], device="cpu")["cross_device"] is True
+    assert oe["reference"] == "device" and oe["ops_compared"] == 1 and oe["median_abs_error"] == pytest.approx(1.0)
+    assert fidelity.recorded_original(plan) == (0.1, "Kineto ProfilerStep span (profiled, capture time)")
+
+
+def test_paired_rounds_on_a_busy_host_use_the_free_cores_on_both_sides(trace_dir, tmp_path, monkeypatch):
+    import os
+
+    from mystique.replay import fidelity
+    from mystique.replay.generate import generate
+    from mystique.replay.run import replay
+
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs 2 cores to run fewer threads than captured")
+    bench = tmp_path / "b"
+    generate(str(trace_dir), str(bench))
+    data = json.loads((bench / "benchmark.json").read_text())
+    data["metadata"]["original_threads"] = 2
+    (bench / "benchmark.json").write_text(json.dumps(data))
+    monkeypatch.setattr(fidelity, "free_cores", lambda: (1, 1.0))  # another process keeps one core busy
+    seen = set()
+    real = fidelity.paired_rounds
+
+    def spy(a, b, **kw):
+        def wrap(fn):
+            def run():
+                seen.add(torch.get_num_threads())
+                return fn()
+            return run
+        return real(wrap(a), wrap(b), **kw)
+
+    monkeypatch.setattr(fidelity, "paired_rounds", spy)
+    before = torch.get_num_threads()
+    s, df = replay(bench, tmp_path / "r", iters=6, warmup=0, op_iters=1, time_cap=0.5, half_width=0.5)
+    t = s["timing"]
+    assert seen == {1} and t["threads"] == 1 and t["threads_captured"] == 2 and t["cores_busy_other"] == 1.0
+    assert "busy with other processes" in t["threads_reason"] and torch.get_num_threads() == before
+    detail = df.set_index(["check", "metric"]).loc[("replay_step_time", "median_ms"), "detail"]
+    assert "1 CPU threads (captured with 2), 1.0 of the host's cores busy" in detail
+    # asked for a thread count: kept, whatever the host's load
+    seen.clear()
+    s, _ = replay(bench, tmp_path / "r2", iters=6, warmup=0, op_iters=1, time_cap=0.5, half_width=0.5, threads=2)
+    assert seen == {2} and s["timing"]["threads"] == 2 and s["timing"]["threads_reason"] == "as asked (threads=)"
+
+
+def test_free_cores_counts_other_processes_busy_cores():
+    from mystique.replay.fidelity import free_cores
+
+    free, others = free_cores(0.05)
+    if free is None:
+        pytest.skip("no /proc/stat here")
+    import os
+
+    assert 1 <= free <= len(os.sched_getaffinity(0)) and others >= 0
+
+
+def test_paired_rounds_start_again_with_fewer_threads_when_the_host_gets_busy(trace_dir, tmp_path, monkeypatch):
+    import os
+
+    from mystique.replay import fidelity
+    from mystique.replay.generate import generate
+    from mystique.replay.run import replay
+
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs 2 cores to run fewer threads than captured")
+    bench = tmp_path / "b"
+    generate(str(trace_dir), str(bench))
+    data = json.loads((bench / "benchmark.json").read_text())
+    data["metadata"]["original_threads"] = 2
+    (bench / "benchmark.json").write_text(json.dumps(data))
+    monkeypatch.setattr(fidelity, "free_cores", lambda: (2, 0.0))  # quiet when the replay starts
+
+    class BusyLater:
+        """Another process takes a core after the first round."""
+
+        def check(self):
+            raise fidelity.HostBusy(1, 1.1, 3.0)
+
+    monkeypatch.setattr(fidelity, "_HostWatch", BusyLater)
+    seen = []
+    real = fidelity.paired_rounds
+
+    def spy(a, b, **kw):
+        def wrap(fn):
+            def run():
+                seen.append(torch.get_num_threads())
+                return fn()
+            return run
+        return real(wrap(a), wrap(b), **kw)
+
+    monkeypatch.setattr(fidelity, "paired_rounds", spy)
+    before = torch.get_num_threads()
+    s, _ = replay(bench, tmp_path / "r", iters=6, warmup=0, op_iters=1, time_cap=0.5, half_width=0.5)
+    t = s["timing"]
+    assert seen[:2] == [2, 2] and seen[-1] == 1 and t["threads"] == 1 and t["threads_captured"] == 2
+    assert t["restarts"] == [{"after_s": 3.0, "threads_from": 2, "threads_to": 1, "cores_busy_other": 1.1}]
+    assert "came to be busy" in t["threads_reason"] and s["ratio_kind"] == "paired"
+    assert len(t["replay_ms"]) == t["rounds"] >= 6 and torch.get_num_threads() == before
+
+
+def test_host_watch_raises_only_after_two_busy_periods(monkeypatch):
+    from mystique.replay import fidelity
+
+    samples = iter([(0.0, 0.0, 2), (200.0, 200.0, 2), (400.0, 400.0, 2), (600.0, 600.0, 2)])
+    monkeypatch.setattr(fidelity, "_cpu_times", lambda: next(samples))  # both cores fully busy
+    monkeypatch.setattr(fidelity, "_free_from", lambda t0, t1, c0, c1, mine=None: (1, 1.0))
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        w = fidelity._HostWatch(period_s=0.0)
+        w.check()  # one busy period: not yet
+        with pytest.raises(fidelity.HostBusy):
+            w.check()
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("busy,ours,free,others", [
+    (0.1, 0.0, 2, 0.1),    # quiet: a little background
+    (2.0, 2.0, 2, 0.0),    # all the CPU time is ours
+    (2.0, 1.3, 1, 0.7),    # a busy loop takes its share beside our two threads
+    (1.0, 0.0, 1, 1.0),    # one core busy while we wait
+    (2.0, 0.0, 1, 2.0),    # both busy: still one thread
+])
+def test_free_cores_arithmetic(busy, ours, free, others):
+    from types import SimpleNamespace
+
+    from mystique.replay.fidelity import _free_from
+
+    t0, t1 = (0.0, 0.0, 2), (busy * 100.0, 200.0, 2)  # jiffies over 2 CPUs for one second
+    c0 = SimpleNamespace(user=0.0, system=0.0, elapsed=0.0)
+    c1 = SimpleNamespace(user=ours, system=0.0, elapsed=1.0)
+    assert _free_from(t0, t1, c0, c1, mine=2) == (free, others)
+
+
+def test_a_step_that_cannot_be_rebuilt_falls_back_to_recorded_timing(tmp_path, cli_run, monkeypatch):
+    (tmp_path / "flaky_steps.py").write_text(
+        "import torch\n\n\ndef step():\n    x = torch.randn(4, 4)\n    return lambda: (x @ x).sum()\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import importlib
+
+    from mystique.capture import capture
+
+    cap = capture("flaky_steps:step", tmp_path / "cap", steps=2, warmup=0)
+    mod = importlib.import_module("flaky_steps")
+
+    def broken():
+        raise ValueError("the dataset is gone")
+
+    monkeypatch.setattr(mod, "step", broken)
+    out = tmp_path / "r"
+    code, _, _ = cli_run("-q", "replay", str(cap), "-o", str(out), "--iters", "2", "--warmup", "0")
+    s = json.loads((out / "summary.json").read_text())
+    assert code == 0 and s["ratio_kind"] == "recorded"
+    assert "cannot rebuild flaky_steps:step: ValueError: the dataset is gone" in s["timing"]["why_not_paired"]
+    code, _, err = cli_run("-q", "replay", str(cap), "-o", str(tmp_path / "r2"), "--timing", "paired")
+    assert code == 2 and "--timing paired: cannot rebuild" in err

@@ -11,6 +11,7 @@ import click
 from . import cli, options
 
 VALIDATORS = ("numerics", "soft_errors", "correctness")
+DEMO_TIME_CAP_S = 20.0  # seconds of paired rounds per replay: six replays stay a few minutes on a 2-core CPU
 
 
 @cli.command("demo")
@@ -21,11 +22,20 @@ VALIDATORS = ("numerics", "soft_errors", "correctness")
 @click.option("--modes", default="train,infer", show_default=True, metavar="LIST", help="Comma list of modes.")
 @click.option("--validators", "validator_list", default=",".join(VALIDATORS), show_default=True, metavar="LIST",
               help="Comma list of quick validators to run (empty for none).")
-@click.option("--iters", default=10, show_default=True, type=click.IntRange(1), help="Replay iterations.")
+@click.option("--iters", default=10, show_default=True, type=click.IntRange(1),
+              help="Replay: the least number of paired rounds (iterations with --timing recorded).")
+@options.timing
+@options.half_width
+@options.time_cap(DEMO_TIME_CAP_S)
 @options.seed
 @options.force
-def demo_cmd(output, config, names, modes, validator_list, iters, seed, force) -> int:
-    """Run the main job on the embedded default and write OUT_DIR/report.html."""
+def demo_cmd(output, config, names, modes, validator_list, iters, timing, half_width, time_cap, seed, force) -> int:
+    """Run the main job on the embedded default and write OUT_DIR/report.html.
+
+    Each replay alternates with its captured step rebuilt in the same process (paired rounds, at
+    most --time-cap seconds each after a warm-up until stable) and passes when the 95% interval of
+    the median ratio replay/original lies within 0.90-1.10.
+    """
     import importlib
 
     import torch
@@ -40,6 +50,7 @@ def demo_cmd(output, config, names, modes, validator_list, iters, seed, force) -
     from ..targets import Target
     from ..workloads import MODES
     from ..workloads import names as workload_names
+    from .cmd_replay import ratio_words
 
     wl = [w.strip() for w in names.split(",") if w.strip()]
     md = [m.strip() for m in modes.split(",") if m.strip()]
@@ -67,8 +78,10 @@ def demo_cmd(output, config, names, modes, validator_list, iters, seed, force) -
                 progress.step(f"generate benchmark {name}")
                 generate(str(stage / "traces" / name), str(stage / "benchmarks" / name), device=device)
                 progress.step(f"replay benchmark {name}")
-                _, df = replay(str(stage / "benchmarks" / name), str(stage / "replay" / name), device=device,
-                               iters=iters, warmup=3, seed=seed)
+                summary, df = replay(str(stage / "benchmarks" / name), str(stage / "replay" / name), device=device,
+                                     iters=iters, warmup=3, seed=seed, timing=timing, half_width=half_width,
+                                     time_cap=time_cap)
+                progress.note(f"replay {name}: step {summary['replay_step_ms']:.3f} ms{ratio_words(summary)}")
                 frames.append(df)
             for v in vals:
                 progress.step(f"validate {v} (quick) on {device}")

@@ -23,18 +23,36 @@ from . import cli, options
               help="Multi-rank replay of a trace with fewer ranks than N: the others are synthetic peers.")
 @click.option("--backend", default=None, type=click.Choice(("gloo", "nccl")),
               help="Multi-rank replay backend (default: nccl on cuda, else gloo).")
-def replay_cmd(source, output, device, iters, warmup, iteration, seed, force, timeout, world_size, backend) -> int:
+@options.timing
+@options.half_width
+@options.time_cap(60.0)
+@options.pacing
+@options.threads
+def replay_cmd(source, output, device, iters, warmup, iteration, seed, force, timeout, world_size, backend,
+               timing, half_width, time_cap, pacing, threads) -> int:
     """Replay BENCH_OR_TRACE (benchmark dir, benchmark.json, trace dir or ET file) with synthetic data.
 
-    Writes OUT_DIR/ops.csv, OUT_DIR/summary.json and OUT_DIR/results.csv. A multi-rank trace (a
-    folder of rank-K/ trace dirs or of per-rank ET files named ...K.json) replays with one
-    process per rank: OUT_DIR/rank-K/ per rank, OUT_DIR/collectives.csv and a merged summary.
+    Writes OUT_DIR/ops.csv, OUT_DIR/summary.json and OUT_DIR/results.csv. Where the captured step
+    can be rebuilt (a capture dir, or a benchmark generated from one), the replay alternates with it
+    in this process and the ratio replay/original is the median of paired rounds with a 95%
+    interval: pass when the interval lies within 0.90-1.10, fail outside, inconclusive (exit 1)
+    when it straddles. --iters is then the least number of rounds and --warmup the least number of
+    warm-up rounds. Elsewhere the ratio is against the recorded original, a measurement.
+
+    A multi-rank trace (a folder of rank-K/ trace dirs or of per-rank ET files named ...K.json)
+    replays with one process per rank: OUT_DIR/rank-K/ per rank, OUT_DIR/collectives.csv and a
+    merged summary.
     """
     from .. import results
     from ..distributed import find_rank_sources
 
     if world_size or find_rank_sources(source) is not None:  # scale-out (mystique.distributed)
         from ..distributed import replay_distributed
+        from ..errors import UsageError
+
+        if timing == "paired" or pacing != "none" or threads is not None:
+            raise UsageError("--timing paired, --pacing and --threads apply to single-process replays; a multi-rank "
+                             "replay compares with the recorded step times")
 
         summary, df = replay_distributed(source, output, device=device, iters=iters, warmup=warmup,
                                          iteration=iteration, seed=seed, force=force, world_size=world_size,
@@ -49,15 +67,30 @@ def replay_cmd(source, output, device, iters, warmup, iteration, seed, force, ti
     from ..replay.run import replay
 
     summary, df = replay(source, output, device=device, iters=iters, warmup=warmup, iteration=iteration,
-                         force=force, seed=seed)
-    ratio = summary["ratio"]
+                         force=force, seed=seed, timing=timing, half_width=half_width, time_cap=time_cap,
+                         pacing=pacing, threads=threads)
     click.echo(
         f"{summary['ops_replayed']}/{summary['ops_total']} ops replayed (coverage {summary['coverage']:.3f}); "
-        f"step {summary['replay_step_ms']:.3f} ms"
-        + (f", original {summary['original_step_ms']:.3f} ms, ratio {ratio:.3f}" if ratio is not None else "")
-        + f"; results in {output}"
+        f"step {summary['replay_step_ms']:.3f} ms{ratio_words(summary)}; results in {output}"
     )
+    if summary.get("verdict") == "inconclusive":
+        click.echo(f"inconclusive: the 95% interval [{summary['ratio_low']:.3f}, {summary['ratio_high']:.3f}] of the "
+                   f"paired ratio straddles the band 0.90-1.10 (more rounds with --time-cap, or a quieter host, "
+                   f"may decide)")
     return results.exit_code(df)
+
+
+def ratio_words(summary: dict) -> str:
+    """``, original X ms, ratio R [lo, hi] paired (verdict)`` or ``..., ratio R (recorded)``; empty without."""
+    ratio = summary.get("ratio")
+    if ratio is None:
+        return ""
+    head = f", original {summary['original_step_ms']:.3f} ms, ratio {ratio:.3f}"
+    if summary.get("ratio_kind") == "paired":
+        t = summary.get("timing") or {}
+        return (head + f" [{summary['ratio_low']:.3f}, {summary['ratio_high']:.3f}] paired, "
+                f"{t.get('rounds')} rounds ({summary.get('verdict')})")
+    return head + " (recorded, no verdict)" + (" cross-device" if summary.get("cross_device") else "")
 
 
 @cli.command("generate")

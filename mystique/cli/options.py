@@ -37,3 +37,35 @@ level = click.option(
 )
 iters = click.option("--iters", default=10, show_default=True, type=click.IntRange(1), help="Measured iterations.")
 warmup = click.option("--warmup", default=3, show_default=True, type=click.IntRange(0), help="Warm-up iterations.")
+half_width = click.option(
+    "--half-width", "half_width", default=0.025, show_default=True, type=click.FloatRange(0, 1, min_open=True),
+    metavar="F", help="Paired timing: add rounds until the 95% interval of the median replay/original ratio "
+    "is within F of it (relative), or --time-cap is spent.",
+)
+
+
+def time_cap(default: float = 60.0):
+    """``--time-cap S``: seconds of paired rounds (after the warm-up) per replay; ``default`` per command."""
+    return click.option(
+        "--time-cap", "time_cap", default=default, show_default=True, type=click.FloatRange(min=0, min_open=True),
+        metavar="S", help="Paired timing: stop adding rounds after S seconds (the warm-up until stable takes "
+        "at most a quarter of it, at least 5 s); the verdict then comes from the interval reached.",
+    )
+
+
+timing = click.option(
+    "--timing", default="auto", show_default=True, type=click.Choice(("auto", "paired", "recorded")),
+    help="How the replay's step time is compared with the original's. paired: the captured step is rebuilt "
+    "and alternates with the replay in this process (a verdict from the 95% interval); recorded: against "
+    "the time the capture recorded (a measurement, no verdict); auto: paired where the step can be rebuilt.",
+)
+pacing = click.option(
+    "--pacing", default="none", show_default=True, type=click.Choice(("none", "recorded")),
+    help="none: ops back to back; recorded: reproduce the host gaps between ops that Kineto recorded.",
+)
+threads = click.option(
+    "--threads", default=None, type=click.IntRange(0), metavar="N",
+    help="CPU intra-op threads of the replay (and of the original step beside it). Default: the captured "
+    "step's, capped at the cores available; paired timing uses fewer when other processes keep cores busy. "
+    "0: torch's own setting.",
+)

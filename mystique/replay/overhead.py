@@ -103,9 +103,8 @@ def measure(step: Callable[[], Any], plan: Any, device: str, *, half_width: floa
     e = ex.Executor(plan.data if hasattr(plan, "data") else plan, device, seed=seed, pacing=pacing)
     e.prepare()
     e.probe()
-    # at most 1000 rounds: timing.median_interval's 2.0**n overflows past 1023 rounds
     paired = timing.paired_rounds(e.run_iteration, step, device=device, sync=lambda: synchronize(device),
-                                  half_width=half_width, time_cap_s=time_cap_s, max_rounds=1000, progress=progress)
+                                  half_width=half_width, time_cap_s=time_cap_s, progress=progress)
     return paired, e
 
 

@@ -8,7 +8,9 @@ runs): ``{"format": "mystique-benchmark", "version": 1, "metadata": {...}, "stor
   "node_id", "rf_id", "name", "op" (resolved overload, ``aten::addmm.default``), "schema",
   "action" ("call" | "noop" | "skip"), "reason", "args" [...], "kwargs" {...}, "outputs" [...],
   "orig_us" (Kineto host time or null), "scope" (label nodes above it), "grad" (it ran with
-  autograd recording: replayed with grad enabled on inputs that require grad)}``.
+  autograd recording: replayed with grad enabled on inputs that require grad), "gap_us" (host
+  time in us between the end of the previous op's Kineto event and this op's start, on one
+  thread, or null: what ``Executor(pacing="recorded")`` waits before the op)}``.
 * ``tensors``: ``{"id", "storage", "offset", "shape", "strides", "dtype", "device", "source"}``
   where ``source`` is ``external`` (materialised before the step), ``output`` (bound to an op's
   result) or ``derived`` (a view of a storage an earlier op produced, e.g. made by a nested op).
@@ -26,6 +28,7 @@ storage version starts whenever an op outputs a tensor whose storage is not one 
 
 from __future__ import annotations
 
+import bisect
 import json
 import math
 import os
@@ -93,8 +96,13 @@ class Plan:
         return self.data["metadata"]
 
     def to_json(self, indent: int | None = None) -> str:
-        """The plan as JSON text (strict JSON: no NaN)."""
-        return json.dumps(self.data, indent=indent, allow_nan=False, separators=(",", ":") if indent is None else None)
+        """The plan as JSON text (strict JSON: no NaN). An obfuscated plan drops ``original_step``
+        (it names the captured workload or function)."""
+        data = self.data
+        meta = data.get("metadata") or {}
+        if meta.get("obfuscated") and meta.get("original_step") is not None:
+            data = {**data, "metadata": {**meta, "original_step": None}}
+        return json.dumps(data, indent=indent, allow_nan=False, separators=(",", ":") if indent is None else None)
 
     def save(self, path: str | os.PathLike) -> Path:
         from ..io import atomic_write_text
@@ -106,14 +114,168 @@ class Plan:
         """Read a ``benchmark.json`` (UsageError when missing or not a plan)."""
         p = Path(path)
         if not p.exists():
-            raise UsageError(f"{p} does not exist")
+            raise UsageError(f"{_shown(p)} does not exist")
         try:
-            return cls(ex.load_plan(p))
+            data = ex.load_plan(p)
         except ex.ReplayError as exc:
-            raise UsageError(f"{p}: {exc}") from exc
+            raise UsageError(f"{_shown(p)}: {_shown(exc)}") from exc
+        except (ValueError, RecursionError) as exc:  # a 5000-digit number; JSON nested too deeply
+            raise UsageError(f"{_shown(p)}: not a usable benchmark plan: {type(exc).__name__}") from exc
+        problem = plan_problem(data)
+        if problem:
+            raise UsageError(f"{_shown(p)}: malformed benchmark plan: {problem}")
+        return cls(data)
 
     def copy(self) -> Plan:
         return Plan(json.loads(json.dumps(self.data)))
+
+
+# ----------------------------------------------------------------------------------------------
+# Validation of a loaded plan (a benchmark.json is untrusted input, like a trace)
+# ----------------------------------------------------------------------------------------------
+
+_MAX_PLAN_BYTES = 2**60  # one storage or tensor extent (1 EiB): beyond any device, far from 64-bit overflow
+_MAX_ENC_DEPTH = 32
+_ENC_KEYS = frozenset({"t", "dtype", "layout", "memory_format", "device", "float", "none"})
+
+
+def _shown(v: Any) -> str:
+    s = str(v)
+    return s if s.isprintable() else ascii(s)[1:-1]
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _nat_list(v: Any) -> bool:
+    return isinstance(v, list) and all(_is_int(x) and 0 <= x <= _MAX_PLAN_BYTES for x in v)
+
+
+def plan_problem(data: Any) -> str:
+    """What makes a decoded plan unusable by the executor, in one line ("" when nothing does).
+
+    Checked: the tables' types, that ids are ``0..n-1`` (the executor sizes arrays by them), that
+    every reference (a tensor's storage, ``{"t": id}`` in an op, an anchor, an input) exists,
+    non-negative sizes, offsets and strides with extents below 1 EiB, op names and actions, the
+    argument encodings' shapes and the data recipes' types. Unknown keys are left alone.
+    """
+    if not isinstance(data, dict):
+        return "not an object"
+    for key, kind in (("metadata", dict), ("storages", list), ("tensors", list), ("ops", list)):
+        if not isinstance(data.get(key), kind):
+            return f"{key!r} is not a{'n object' if kind is dict else ' list'}"
+    storages, tensors = data["storages"], data["tensors"]
+    for table, rows in (("storages", storages), ("tensors", tensors)):
+        for i, row in enumerate(rows):
+            if not isinstance(row, dict) or row.get("id") != i or not _is_int(row.get("id")):
+                return f"{table}[{i}] has no id {i} (ids are 0..n-1 in order)"
+    for s in storages:
+        where = f"storage {s['id']}"
+        if not _is_int(s.get("nbytes")) or not 0 <= s["nbytes"] <= _MAX_PLAN_BYTES:
+            return f"{where} has nbytes {_short_value(s.get('nbytes'))}"
+        if not isinstance(s.get("dtype"), str):
+            return f"{where} has dtype {_short_value(s.get('dtype'))}"
+        if s.get("device") is not None and not isinstance(s["device"], str):
+            return f"{where} has device {_short_value(s['device'])}"
+        anchor = s.get("anchor")
+        if anchor is not None and not (_is_int(anchor) and 0 <= anchor < len(tensors)):
+            return f"{where} has anchor {_short_value(anchor)}, not a tensor"
+        recipe = s.get("recipe")
+        if recipe is not None and not _recipe_ok(recipe):
+            return f"{where} has recipe {_short_value(recipe)}"
+    for t in tensors:
+        where = f"tensor {t['id']}"
+        if not (_is_int(t.get("storage")) and 0 <= t["storage"] < len(storages)):
+            return f"{where} has storage {_short_value(t.get('storage'))}, not a storage"
+        shape, strides, offset = t.get("shape"), t.get("strides"), t.get("offset")
+        if not _nat_list(shape):
+            return f"{where} has shape {_short_value(shape)}, expected non-negative integers"
+        if strides is not None and not (_nat_list(strides) and len(strides) == len(shape)):
+            return f"{where} has strides {_short_value(strides)} for shape {_short_value(shape)}"
+        if not (_is_int(offset) and 0 <= offset <= _MAX_PLAN_BYTES):
+            return f"{where} has offset {_short_value(offset)}"
+        if not isinstance(t.get("dtype"), str):
+            return f"{where} has dtype {_short_value(t.get('dtype'))}"
+        if t.get("source", "unused") not in ("external", "output", "derived", "unused"):
+            return f"{where} has source {_short_value(t.get('source'))}"
+        if t.get("device") is not None and not isinstance(t["device"], str):
+            return f"{where} has device {_short_value(t['device'])}"
+        numel = math.prod(shape)
+        extent = ex._extent(shape, strides or ex.contiguous_strides(shape), offset)
+        if numel > _MAX_PLAN_BYTES or extent * 16 > _MAX_PLAN_BYTES:
+            return f"{where} of shape {_short_value(shape)} spans more than any device holds"
+    inputs = data.get("inputs", [])
+    if not isinstance(inputs, list) or not all(_is_int(i) and 0 <= i < len(tensors) for i in inputs):
+        return "'inputs' is not a list of tensor ids"
+    for i, op in enumerate(data["ops"]):
+        where = f"op {i}"
+        if not isinstance(op, dict):
+            return f"{where} is not an object"
+        for key in ("name", "op", "schema"):
+            if op.get(key) is not None and not isinstance(op[key], str):
+                return f"{where} has {key} {_short_value(op[key])}, expected a string"
+        if not isinstance(op.get("name"), str):
+            return f"{where} has no name"
+        if op.get("action") not in ("call", "noop", "skip"):
+            return f"{where} has action {_short_value(op.get('action'))}, expected call, noop or skip"
+        if not isinstance(op.get("args", []), list) or not isinstance(op.get("outputs", []), list):
+            return f"{where} has args or outputs that are not lists"
+        kwargs = op.get("kwargs", {})
+        if not isinstance(kwargs, dict) or not all(isinstance(k, str) for k in kwargs):
+            return f"{where} has kwargs that are not an object"
+        for label, enc in (("args", op.get("args", [])), ("kwargs", list(kwargs.values())),
+                           ("outputs", op.get("outputs", []))):
+            bad = _encoding_problem(enc, len(tensors))
+            if bad:
+                return f"{where} ({_shown(op['name'])[:60]}) {label}: {bad}"
+    return ""
+
+
+def _recipe_ok(recipe: Any) -> bool:
+    if not isinstance(recipe, dict) or not isinstance(recipe.get("kind", ""), str):
+        return False
+    for k, v in recipe.items():
+        if k == "segments":  # [start, count, stride, ...two numbers]: positions into the storage
+            if not (isinstance(v, list) and all(
+                    isinstance(seg, list) and len(seg) == 5 and all(_is_int(x) and 0 <= x <= _MAX_PLAN_BYTES
+                                                                    for x in seg[:3])
+                    and all(isinstance(x, (int, float)) and math.isfinite(x) for x in seg[3:]) for seg in v)):
+                return False
+        elif k in ("low", "high", "total", "std", "zipf") and not (
+                isinstance(v, (int, float)) and math.isfinite(v)):
+            return False
+    return True
+
+
+def _encoding_problem(enc: Any, n_tensors: int) -> str:
+    stack = [(enc, 0)]
+    while stack:
+        v, depth = stack.pop()
+        if depth > _MAX_ENC_DEPTH:
+            return f"nested more than {_MAX_ENC_DEPTH} levels"
+        if isinstance(v, list):
+            stack.extend((x, depth + 1) for x in v)
+        elif isinstance(v, dict):
+            if len(v) != 1 or not set(v) <= _ENC_KEYS:
+                return f"unknown encoding {_short_value(v)}"
+            ((key, val),) = v.items()
+            if key == "t":
+                if not (_is_int(val) and 0 <= val < n_tensors):
+                    return f"tensor reference {_short_value(val)} names no tensor"
+            elif key != "none" and not isinstance(val, str):
+                return f"encoding {_short_value(v)} holds no string"
+        elif v is not None and not isinstance(v, (bool, int, float, str)):
+            return f"value {_short_value(v)}"
+    return ""
+
+
+def _short_value(v: Any) -> str:
+    import reprlib
+
+    r = reprlib.Repr()
+    r.maxlevel, r.maxlist, r.maxdict, r.maxstring, r.maxlong, r.maxother = 2, 4, 3, 40, 24, 30
+    return _shown(r.repr(v))[:80]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -235,6 +397,52 @@ class _Builder:
         self.skewed: set[int] = set()  # plan storages of embedding-bag indices (Zipf-skewed recipe)
         # (trace storage id, dtype) -> plan storage of wrapped Python numbers whose storage id clashed
         self.scalar_storage: dict[tuple[int, str], int] = {}
+        # rf_id -> (start, end) in us of the op's first Kineto event: the host timeline behind gap_us
+        self.kineto_spans: dict[int, tuple[float, float]] | None = None
+        self._prev_span: tuple[Any, float] | None = None  # (thread, end) of the previous op built
+        self._seq_index: dict[Any, tuple[list[int], list[int]]] | None = None
+
+    # per-op host timeline and autograd ---------------------------------------------------
+
+    def host_gap(self, node: Node) -> float | None:
+        """``gap_us``: host time (us) from the end of the previous op's Kineto event to the start of
+        this op's, when both are known and ran on one thread (clamped at 0); None otherwise (the
+        first op, an op without a Kineto event, a change of thread). Call in op order."""
+        spans = self.kineto_spans
+        span = spans.get(node.rf_id) if spans and node.rf_id is not None else None
+        prev, self._prev_span = self._prev_span, ((node.tid, span[1]) if span is not None else None)
+        if span is None or prev is None or prev[0] != node.tid:
+            return None
+        return _finite(round(max(0.0, span[0] - prev[1]), 3))
+
+    def records_autograd(self, node: Node) -> bool:
+        """Whether the op recorded an autograd node when captured.
+
+        ``seq_id`` is the thread's autograd sequence number *peeked* when an op dispatches with
+        grad mode on; it is only consumed (incremented) when an autograd node is created. So an op
+        run in grad mode on inputs that do not require grad (a step of ``torch.add`` on plain
+        tensors) records the same ``seq_id`` as the next op. The op recorded a node when the next
+        op with a ``seq_id`` on its thread after its subtree has a larger one; with no such op, when
+        a node of its subtree does, else (the last op) as before: whenever it has a ``seq_id``.
+        """
+        seq = node.seq_id
+        if seq is None or seq < 0:
+            return False
+        if self._seq_index is None:
+            by_thread: dict[Any, list[tuple[int, int]]] = {}
+            for n in self.trace.nodes.values():
+                if n.seq_id is not None and n.seq_id >= 0:
+                    by_thread.setdefault(n.tid, []).append((n.id, n.seq_id))
+            self._seq_index = {}
+            for k, v in by_thread.items():
+                v.sort()
+                self._seq_index[k] = ([i for i, _ in v], [q for _, q in v])
+        ids, seqs = self._seq_index.get(node.tid, ([], []))
+        sub = list(self.trace.preorder(node.id))
+        j = bisect.bisect_right(ids, max(m.id for m in sub))
+        if j < len(ids):
+            return seqs[j] > seq
+        return True
 
     # tensors and storages ------------------------------------------------------------------
 
@@ -411,7 +619,9 @@ class _Builder:
             "orig_us": _finite(kineto.get(node.rf_id)) if kineto and node.rf_id is not None else None,
             "scope": self.scope(node),
             # the op recorded an autograd node (a forward op run with grad enabled)
-            "grad": bool(node.seq_id is not None and node.seq_id >= 0 and action == "call"),
+            "grad": bool(action == "call" and self.records_autograd(node)),
+            # host time between the previous op and this one in the captured step (pacing="recorded")
+            "gap_us": self.host_gap(node),
         }
         if sch is not None:
             op["_schema"] = sch
@@ -606,10 +816,22 @@ def _named_args(sch: ex.Schema, op: dict[str, Any]) -> dict[str, Any]:
 
 
 def _original_device(devices: Counter[str]) -> str:
-    accel = [(n, d) for d, n in devices.items() if d and not d.startswith("cpu")]
+    """The accelerator most tensors were on (else ``cpu``). Only device strings torch parses count: a
+    trace's device strings are untrusted (``cuda:-1``, a type of a backend not installed here), and the
+    plan's ``original_device`` is handed to ``torch.device`` by the executor."""
+    accel = [(n, d) for d, n in devices.items() if d and not d.startswith("cpu") and _parses_as_device(d)]
     if accel:
         return max(accel)[1]
     return "cpu"
+
+
+def _parses_as_device(text: str) -> bool:
+    import torch
+
+    try:
+        return isinstance(text, str) and text.isprintable() and str(torch.device(text)) == text
+    except (RuntimeError, ValueError, TypeError):
+        return False
 
 
 def read_capture(trace_path: str | os.PathLike) -> dict[str, Any] | None:
@@ -620,10 +842,28 @@ def read_capture(trace_path: str | os.PathLike) -> dict[str, Any] | None:
     if not cap.is_file():
         return None
     try:
+        if cap.stat().st_size > _MAX_CAPTURE_BYTES:  # a few KB when we write it: anything huge is not ours
+            return None
         data = json.loads(cap.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError):
+    except (OSError, ValueError, RecursionError):  # ValueError: bad JSON, bad UTF-8, a 5000-digit number
         return None
-    return data if isinstance(data, dict) else None
+    return data if isinstance(data, dict) and _nesting(data) <= _MAX_CAPTURE_DEPTH else None
+
+
+_MAX_CAPTURE_BYTES = 16 * 1024**2
+_MAX_CAPTURE_DEPTH = 16  # capture.json nests 3 levels; values copied from it go into the plan's metadata
+
+
+def _nesting(doc: Any) -> int:
+    deepest, stack = 0, [(doc, 1)]
+    while stack:
+        v, d = stack.pop()
+        deepest = max(deepest, d)
+        if isinstance(v, dict):
+            stack.extend((x, d + 1) for x in v.values())
+        elif isinstance(v, list):
+            stack.extend((x, d + 1) for x in v)
+    return deepest
 
 
 def capture_step_ms(capture: dict[str, Any] | None) -> float | None:
@@ -653,6 +893,24 @@ def capture_subject(capture: dict[str, Any] | None) -> str | None:
     return None
 
 
+# what of capture.json rebuilds the captured step in another process (mystique.capture.rebuild_step)
+ORIGINAL_STEP_KEYS = ("target", "kind", "config", "mode", "dtype", "seed", "device", "threads")
+
+
+def capture_original_step(capture: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The description of the captured step that :func:`mystique.capture.rebuild_step` needs: the
+    capture's target (a built-in workload or ``package.module:function``), config, mode, dtype, seed,
+    device and thread count. None without a ``capture.json``, for a multi-rank capture (its step
+    runs under a process group) or when the target is missing."""
+    if not capture or capture.get("distributed"):
+        return None
+    if not isinstance(capture.get("target"), str) or not capture["target"]:
+        return None
+    if capture.get("kind") not in ("workload", "user"):
+        return None
+    return {k: capture.get(k) for k in ORIGINAL_STEP_KEYS}
+
+
 def find_kineto(trace_path: str | os.PathLike) -> Path | None:
     p = Path(trace_path)
     folder = p if p.is_dir() else p.parent
@@ -669,6 +927,7 @@ def build_plan(
     kineto: dict[int, float] | None = None,
     capture: dict[str, Any] | None = None,
     nodes: list[Node] | None = None,
+    kineto_times: Any = None,
 ) -> Plan:
     """The replay plan of one iteration of ``trace``.
 
@@ -676,6 +935,9 @@ def build_plan(
     :func:`mystique.trace.analysis.select_iteration`; UsageError when absent). ``kineto``: rf_id ->
     host duration (us) of the same run; ``capture``: the ``capture.json`` document (gives the
     original step time). ``nodes``: the ops to replay (default :func:`replay_ops`), e.g. in tests.
+    ``kineto_times``: the whole :class:`mystique.trace.kineto.KinetoTimes` of that run, for each op's
+    device time (``orig_device_us``: the kernels its ET subtree launched) and the step's recorded span
+    (metadata ``original_step_span_ms``, ``original_device_step_ms``).
     """
     from ..trace.analysis import replay_ops, select_iteration
 
@@ -684,7 +946,24 @@ def build_plan(
         it = select_iteration(trace, iteration)
         nodes = replay_ops(trace, iteration)
     b = _Builder(trace)
+    b.kineto_spans = getattr(kineto_times, "cpu_spans_us", None)  # per-op gap_us
+    if kineto is None and kineto_times is not None:
+        kineto = kineto_times.cpu_us
     ops = [b.build_op(i, n, kineto) for i, n in enumerate(nodes)]
+    dev_us = getattr(kineto_times, "device_us", None) or {}
+    for op, n in zip(ops, nodes):
+        op["orig_device_us"] = None
+        if dev_us:
+            total = sum(dev_us.get(m.rf_id, 0.0) for m in trace.preorder(n.id) if m.rf_id is not None)
+            op["orig_device_us"] = _finite(total)
+    span_ms = device_span_ms = None
+    if kineto_times is not None and it is not None:
+        span = kineto.get(it.node.rf_id) if kineto and it.node.rf_id is not None else None
+        if span is None:
+            span = kineto_times.steps_us.get(it.step)
+        span_ms = _finite(span / 1e3) if span else None
+        dspan = kineto_times.device_steps_us.get(it.step)
+        device_span_ms = _finite(dspan / 1e3) if dspan else None
     b.recipes(ops)
     for op in ops:
         op.pop("_schema", None)
@@ -710,6 +989,10 @@ def build_plan(
         "original_threads": (capture or {}).get("threads"),
         "captured_on": (capture or {}).get("device_name"),
         "subject": capture_subject(capture),
+        "original_step": capture_original_step(capture),
+        "original_step_span_ms": span_ms,
+        "original_device_step_ms": device_span_ms,
+        "original_device_op_times": any(op.get("orig_device_us") for op in ops),
         "transforms": [],
     }
     data = {
@@ -786,11 +1069,11 @@ def plan_from_path(path: str | os.PathLike, iteration: int | None = None) -> tup
     Returns ``(plan, kind)`` with kind ``benchmark`` or ``trace``. UsageError for anything else.
     """
     from ..trace import load_trace
-    from ..trace.kineto import load_kineto
+    from ..trace.kineto import read_kineto
 
     p = Path(path)
     if not p.exists():
-        raise UsageError(f"{p} does not exist")
+        raise UsageError(f"{_shown(p)} does not exist")
     if p.is_dir() and (p / "benchmark.json").is_file():
         p = p / "benchmark.json"
     if p.is_file() and p.name.endswith(".json") and _looks_like_plan(p):
@@ -802,10 +1085,10 @@ def plan_from_path(path: str | os.PathLike, iteration: int | None = None) -> tup
     kineto = None
     if kin is not None:
         try:
-            kineto = load_kineto(kin)
+            kineto = read_kineto(kin)
         except UsageError:
             kineto = None
-    plan = build_plan(trace, iteration, kineto=kineto, capture=read_capture(p))
+    plan = build_plan(trace, iteration, kineto_times=kineto, capture=read_capture(p))
     return plan, "trace"
 
 

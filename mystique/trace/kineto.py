@@ -16,12 +16,19 @@ attributed to the CPU operator with that external id; without one, through the r
 thread whose time span contains the launch. Events that link nowhere are counted in
 ``unlinked_device_events``. Older Kineto files without ``Record function id`` cannot be joined:
 the maps come back empty.
+
+Step spans: every ``ProfilerStep#N`` region (a ``user_annotation`` or ``cpu_op`` event of that
+name) gives ``steps_us[N]``, its host span in microseconds (summed when a step appears more than
+once), and ``device_steps_us[N]`` the summed duration of the device events that started inside
+that span (the step's device busy time). These need no record-function id, so a foreign Kineto
+file without one still gives the step's recorded time.
 """
 
 from __future__ import annotations
 
 import bisect
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -48,6 +55,18 @@ class KinetoTimes:
     device_us: dict[int, float]
     names: dict[int, str] = field(default_factory=dict)
     unlinked_device_events: int = 0
+    steps_us: dict[int, float] = field(default_factory=dict)
+    device_steps_us: dict[int, float] = field(default_factory=dict)
+    # rf_id -> (start, end) of the operator's first event, in the trace's microseconds: the host
+    # timeline (gaps between ops) that pacing reproduces
+    cpu_spans_us: dict[int, tuple[float, float]] = field(default_factory=dict)
+
+    @property
+    def has_device_events(self) -> bool:
+        return bool(self.device_us) or any(v > 0 for v in self.device_steps_us.values())
+
+
+_STEP_NAME = re.compile(r"^ProfilerStep#(\d+)$")
 
 
 def resolve_kineto_path(path: str | os.PathLike) -> Path:
@@ -71,6 +90,13 @@ def _int(v: Any) -> int | None:
     return v if isinstance(v, int) and not isinstance(v, bool) else None
 
 
+def _thread(ev: dict) -> tuple[Any, Any]:
+    """The (pid, tid) key of an event; a list or object there (an untrusted file) stands as its type name."""
+    pid, tid = ev.get("pid"), ev.get("tid")
+    return (pid if isinstance(pid, (int, str, float, type(None))) else f"<{type(pid).__name__}>",
+            tid if isinstance(tid, (int, str, float, type(None))) else f"<{type(tid).__name__}>")
+
+
 def parse_kineto_document(doc: Any, source: str = "<kineto>") -> KinetoTimes:
     """Build :class:`KinetoTimes` from a decoded Kineto JSON document (see :func:`read_kineto`)."""
     if isinstance(doc, dict):
@@ -88,6 +114,9 @@ def parse_kineto_document(doc: Any, source: str = "<kineto>") -> KinetoTimes:
     launch_of_corr: dict[int, tuple[Any, float]] = {}  # runtime events without an external id
     spans: dict[Any, list[tuple[float, float, int]]] = {}  # (pid, tid) -> [(start, end, rf_id)]
     device_events: list[tuple[float, int | None, int | None]] = []
+    first_span: dict[int, tuple[float, float]] = {}
+    device_starts: list[tuple[float, float]] = []  # (ts, dur) of every device event
+    step_spans: list[tuple[float, float, int]] = []  # (start, end, N) of ProfilerStep#N regions
     for ev in events:
         if not isinstance(ev, dict) or ev.get("ph") != "X":
             continue
@@ -96,6 +125,12 @@ def parse_kineto_document(doc: Any, source: str = "<kineto>") -> KinetoTimes:
         if not isinstance(args, dict):
             args = {}
         dur = _num(ev.get("dur"))
+        name = ev.get("name")
+        if isinstance(name, str) and dur is not None and cat not in DEVICE_CATEGORIES and name.startswith("ProfilerStep#"):
+            m = _STEP_NAME.match(name)
+            ts = _num(ev.get("ts"))
+            if m and ts is not None:
+                step_spans.append((ts, ts + dur, int(m.group(1))))
         if cat in CPU_CATEGORIES:
             rf = _int(args.get("Record function id"))
             if rf is None or dur is None:
@@ -103,7 +138,8 @@ def parse_kineto_document(doc: Any, source: str = "<kineto>") -> KinetoTimes:
             cpu[rf] = cpu.get(rf, 0.0) + dur
             ts = _num(ev.get("ts"))
             if ts is not None:
-                spans.setdefault((ev.get("pid"), ev.get("tid")), []).append((ts, ts + dur, rf))
+                spans.setdefault(_thread(ev), []).append((ts, ts + dur, rf))
+                first_span.setdefault(rf, (ts, ts + dur))
             if isinstance(ev.get("name"), str):
                 names.setdefault(rf, ev["name"])
             ext = _int(args.get("External id"))
@@ -115,9 +151,12 @@ def parse_kineto_document(doc: Any, source: str = "<kineto>") -> KinetoTimes:
             if corr is not None and ext is not None:
                 external_of_corr.setdefault(corr, ext)
             elif corr is not None and _num(ev.get("ts")) is not None:
-                launch_of_corr.setdefault(corr, ((ev.get("pid"), ev.get("tid")), float(ev["ts"])))
+                launch_of_corr.setdefault(corr, (_thread(ev), float(ev["ts"])))
         elif cat in DEVICE_CATEGORIES and dur is not None:
             device_events.append((dur, _int(args.get("External id")), _int(args.get("correlation"))))
+            ts = _num(ev.get("ts"))
+            if ts is not None:
+                device_starts.append((ts, dur))
     for lst in spans.values():
         lst.sort()
     starts = {key: [s[0] for s in lst] for key, lst in spans.items()}
@@ -135,7 +174,17 @@ def parse_kineto_document(doc: Any, source: str = "<kineto>") -> KinetoTimes:
             unlinked += 1
             continue
         device[rf] = device.get(rf, 0.0) + dur
-    return KinetoTimes(cpu_us=cpu, device_us=device, names=names, unlinked_device_events=unlinked)
+    steps: dict[int, float] = {}
+    device_steps: dict[int, float] = {}
+    device_starts.sort()
+    dev_ts = [d[0] for d in device_starts]
+    for start, end, n in step_spans:
+        steps[n] = steps.get(n, 0.0) + (end - start)
+        i, j = bisect.bisect_left(dev_ts, start), bisect.bisect_right(dev_ts, end)
+        if device_starts:
+            device_steps[n] = device_steps.get(n, 0.0) + sum(d for _, d in device_starts[i:j])
+    return KinetoTimes(cpu_us=cpu, device_us=device, names=names, unlinked_device_events=unlinked,
+                       steps_us=steps, device_steps_us=device_steps, cpu_spans_us=first_span)
 
 
 _MAX_BACKTRACK = 256
