@@ -23,12 +23,12 @@ host wall time beside it; elsewhere wall time between device synchronisations.
 from __future__ import annotations
 
 import math
-from fractions import Fraction
 import os
 import statistics
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from fractions import Fraction
 from typing import Any
 
 LEVEL = 0.95
