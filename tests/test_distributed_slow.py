@@ -28,7 +28,9 @@ def test_param_dlrm_8_ranks_replays_every_collective(tmp_path, cli_run):
     out = tmp_path / "out"
     code, _stdout, stderr = cli_run("-q", "replay", str(tmp_path / "dlrm_pytorch_et"), "-o", str(out),
                                     "--iters", "3", "--warmup", "1", "--timeout", "120")
-    assert code in (0, 1), stderr
+    assert code == 1, stderr  # the fbgemm ops this machine lacks are not replayed: the coverage rows fail
+    failed = {r["check"] for r in _rows(out / "results.csv") if r["status"] in ("fail", "error", "inconclusive")}
+    assert failed == {"replay_coverage", "replay_coverage_by_time"}, failed
     summary = json.loads((out / "summary.json").read_text())
     assert summary["world_size"] == 8
     assert summary["collectives"]["total"] == summary["collectives"]["replayed"] == 64
@@ -54,7 +56,11 @@ def test_fsdp_capture_and_replay_on_two_ranks(tmp_path, cli_run):
     assert {"c10d::_allgather_base_", "c10d::_reduce_scatter_base_"} <= set(meta["distributed"]["collectives"])
     out = tmp_path / "rep"
     code, _o, stderr = cli_run("-q", "replay", str(cap), "-o", str(out), "--iters", "2", "--warmup", "0")
-    assert code in (0, 1), stderr
+    # FSDP's optimizer step has in-place ops on overlapping memory (aten::addcmul_) that do not replay:
+    # the coverage rows fail (a few of its ~870 compute ops per rank), nothing else
+    assert code == 1, stderr
+    failed = {r["check"] for r in _rows(out / "results.csv") if r["status"] in ("fail", "error", "inconclusive")}
+    assert failed == {"replay_coverage", "replay_coverage_by_time"}, failed
     summary = json.loads((out / "summary.json").read_text())
     kinds = summary["collectives"]["by_kind"]
     assert kinds.get("all_gather_into_tensor", 0) >= 2 and kinds.get("reduce_scatter_tensor", 0) >= 2

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -42,10 +43,24 @@ def test_results_and_reports_do_not_import_torch():
 def test_console_script_help_lists_exit_codes():
     exe = Path(sys.executable).with_name("mystique")
     out = subprocess.run([str(exe), "--help"], capture_output=True, text=True, check=True).stdout
-    for code in ("0", "1", "2", "3"):
-        assert f"  {code}  " in out
+    from mystique.errors import EnvironmentUnsupported, UsageError
+
+    lines = {m[1]: m[2] for m in re.finditer(r"^\s+([0-9])\s{2,}(\S.*)$", out, re.M)}
+    assert set(lines) >= {"0", "1", "2", "3"}, out  # each exit code on its own line, with its meaning
+    assert "passed" in lines["0"] and "failed" in lines["1"]
+    assert "usage" in lines[str(UsageError.exit_code)] and "environment" in lines[str(EnvironmentUnsupported.exit_code)]
     assert "capture" in out and "workloads" in out and "faults" in out
 
 
-def test_version():
-    assert mystique.__version__
+def test_version_is_the_one_packaged_declared_and_printed():
+    """``mystique.__version__``, the installed distribution's metadata, pyproject.toml and ``mystique --version``
+    name one version (a stale ``__version__`` or an install of another checkout fails here)."""
+    from importlib.metadata import version
+
+    declared = re.search(r'^version = "([^"]+)"$', (REPO / "pyproject.toml").read_text(), re.M)
+    assert declared, "pyproject.toml declares no static version"
+    assert re.fullmatch(r"\d+\.\d+\.\d+(?:[.+-]?\w+)*", declared[1]), declared[1]
+    assert mystique.__version__ == declared[1] == version("mystique-suite")
+    exe = Path(sys.executable).with_name("mystique")
+    out = subprocess.run([str(exe), "--version"], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == f"mystique, version {declared[1]}"

@@ -476,7 +476,7 @@ def test_campaign_resumes_after_a_kill_without_losing_or_repeating_trials(tmp_pa
     with pytest.raises(Killed):
         camp.run()
     path = camp.path
-    assert len(path.read_text().splitlines()) == 23
+    assert len(path.read_text().splitlines()) == 24  # the config header + 23 outcomes
     with open(path, "a") as fh:  # a torn write and a duplicate of trial 0
         fh.write(json.dumps({"config": camp.hash, "trial": 0, "x": -1, "hit": True}) + "\n")
         fh.write('{"config": "' + camp.hash + '", "trial": 23, "x"')
@@ -491,9 +491,33 @@ def test_campaign_resumes_after_a_kill_without_losing_or_repeating_trials(tmp_pa
     assert calls == list(range(23, 60)) and resumed.resumed == 23
     assert [(o["trial"], o["x"], o["hit"]) for o in out] == [(o["trial"], o["x"], o["hit"]) for o in full]
     lines = [json.loads(s) for s in path.read_text().splitlines()]
-    assert len(lines) == 61  # 23 + the duplicate + 37 new, all parseable
+    assert len(lines) == 62  # header + 23 + the duplicate + 37 new, all parseable
     other = campaign.Campaign("demo", {"a": 2}, 60, counting, tmp_path / "resume")
-    assert other.path != path
+    with pytest.raises(UsageError, match=r"a: 1 \(checkpoint\) vs 2 \(this run\)"):
+        other.run()
+
+
+def test_campaign_refuses_a_checkpoint_written_with_other_settings(tmp_path, monkeypatch):
+    """A checkpoint of another config (other device, torch, trial count) is refused naming what differs:
+    never reused, never silently ignored."""
+    campaign.Campaign("demo", {"device_name": "GPU A", "seed": 0}, 10, _trial, tmp_path).run()
+    for config, n, what in (({"device_name": "GPU B", "seed": 0}, 10, "device_name: 'GPU A'"),
+                            ({"device_name": "GPU A", "seed": 1}, 10, "seed: 0"),
+                            ({"device_name": "GPU A", "seed": 0}, 12, "n_trials: 10")):
+        with pytest.raises(UsageError, match=what):
+            campaign.Campaign("demo", config, n, _trial, tmp_path).run()
+    monkeypatch.setattr(torch, "__version__", "0.0.1-other")
+    with pytest.raises(UsageError, match="torch: .* vs '0.0.1-other'"):
+        campaign.Campaign("demo", {"device_name": "GPU A", "seed": 0}, 10, _trial, tmp_path).load()
+    monkeypatch.undo()
+    calls = []
+    again = campaign.Campaign("demo", {"device_name": "GPU A", "seed": 0}, 10, lambda i: calls.append(i) or _trial(i),
+                              tmp_path)
+    assert len(again.run()) == 10 and calls == [] and again.resumed == 10  # the same settings resume
+    explicit = tmp_path / "explicit.jsonl"  # an explicit file without a header: its records' hash decides
+    explicit.write_text(json.dumps({"config": "0123456789abcdef", "trial": 0, "x": 1.0, "hit": True}) + "\n")
+    with pytest.raises(UsageError, match="config hash"):
+        campaign.Campaign("demo", {"a": 1}, 5, _trial, checkpoint=explicit).run()
 
 
 def test_detection_campaign_finds_every_significant_flip():

@@ -1,11 +1,15 @@
 """Checkpointed, resumable fault-injection campaigns and their trial functions.
 
 A campaign is ``n_trials`` independent trials, each a pure function of ``(config, trial index)``.
-Outcomes are appended as JSON lines ``{"config": HASH, "trial": i, ...}`` to a checkpoint file named
-after the campaign and the hash of its config. Rerunning the same campaign reads the file back,
-skips the trials already recorded (a trial recorded twice counts once; a truncated last line, as
-left by a kill mid-write, is dropped and rerun) and runs only the missing ones, so a resumed run
-has exactly the outcomes of an uninterrupted one.
+Its config is everything that changes an outcome (the caller's settings: device, device model, seed,
+level, trial counts, ...; the campaign adds the torch and mystique versions). Outcomes are appended as
+JSON lines ``{"config": HASH, "trial": i, ...}`` to a checkpoint file named after the campaign,
+``campaign_NAME.jsonl``, whose first line records the full config. Rerunning the same campaign reads
+the file back, skips the trials already recorded (a trial recorded twice counts once; a truncated
+last line, as left by a kill mid-write, is dropped and rerun) and runs only the missing ones, so a
+resumed run has exactly the outcomes of an uninterrupted one. A checkpoint written with another
+config is refused (:class:`~mystique.errors.UsageError`, exit 2, naming what differs), never reused
+and never silently ignored.
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+import mystique
+from mystique.errors import UsageError
 from mystique.io import atomic_write_bytes
 from mystique.progress import Progress
 
@@ -40,29 +46,57 @@ def config_hash(config: dict[str, Any]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+def _canonical(config: dict[str, Any]) -> dict[str, Any]:
+    """The config as its JSON record reads back (tuples as lists, other objects as strings)."""
+    return json.loads(json.dumps(config, sort_keys=True, default=str))
+
+
+def config_differences(recorded: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """``key: RECORDED (checkpoint) vs CURRENT (this run)`` for every key whose values differ."""
+    out = []
+    for key in sorted(set(recorded) | set(current)):
+        old, new = recorded.get(key, "<absent>"), current.get(key, "<absent>")
+        if old != new:
+            out.append(f"{key}: {old!r} (checkpoint) vs {new!r} (this run)")
+    return out
+
+
 class Campaign:
-    """Run ``trial_fn(i)`` for ``i in range(n_trials)``, checkpointing each outcome to ``path``."""
+    """Run ``trial_fn(i)`` for ``i in range(n_trials)``, checkpointing each outcome to ``path``.
+
+    ``config`` must hold everything that changes an outcome; the torch and mystique versions are
+    added here. A checkpoint written with another config raises :class:`UsageError` naming the
+    differences (on :meth:`run` or :meth:`load`).
+    """
 
     def __init__(self, name: str, config: dict[str, Any], n_trials: int, trial_fn: TrialFn,
                  checkpoint_dir: str | os.PathLike | None = None, *, checkpoint: str | os.PathLike | None = None,
                  fsync_every: int = 500, progress_every: int = 0) -> None:
         self.name = name
-        self.config = dict(config)
-        self.hash = config_hash({"campaign": name, **self.config})
         self.n_trials = int(n_trials)
+        self.config = _canonical({"torch": torch.__version__, "mystique": mystique.__version__, **config,
+                                  "campaign": name, "n_trials": self.n_trials})
+        self.hash = config_hash(self.config)
         self.trial_fn = trial_fn
         if checkpoint is not None:
             self.path: Path | None = Path(checkpoint)
         elif checkpoint_dir is not None:
-            self.path = Path(checkpoint_dir) / f"campaign_{name}_{self.hash}.jsonl"
+            self.path = Path(checkpoint_dir) / f"campaign_{name}.jsonl"
         else:
             self.path = None
         self.fsync_every = fsync_every
         self.progress_every = progress_every
         self.resumed = 0
 
+    def _refuse(self, differences: list[str]) -> UsageError:
+        return UsageError(f"checkpoint {self.path} was written by a campaign {self.name!r} with other settings ("
+                          + "; ".join(differences) + "): its outcomes do not apply to this run; use another "
+                          "--checkpoint folder or remove the file")
+
     def load(self) -> dict[int, dict[str, Any]]:
-        """Outcomes already in the checkpoint (first record of each trial), repairing a torn tail."""
+        """Outcomes already in the checkpoint (first record of each trial), repairing a torn tail.
+
+        Raises :class:`UsageError` if the checkpoint was written with another config."""
         done: dict[int, dict[str, Any]] = {}
         if self.path is None or not self.path.exists():
             return done
@@ -75,8 +109,14 @@ class Campaign:
                 rec = json.loads(raw)
             except (json.JSONDecodeError, UnicodeDecodeError):
                 continue
-            if not isinstance(rec, dict) or rec.get("config") != self.hash:
+            if not isinstance(rec, dict):
                 continue
+            if isinstance(rec.get("header"), dict):  # the config the file was written with
+                if rec["header"] != self.config:
+                    raise self._refuse(config_differences(rec["header"], self.config))
+                continue
+            if rec.get("config") != self.hash:
+                raise self._refuse([f"config hash: {rec.get('config')!r} (checkpoint) vs {self.hash!r} (this run)"])
             i = rec.get("trial")
             if isinstance(i, int) and 0 <= i < self.n_trials and i not in done:
                 done[i] = rec
@@ -92,7 +132,11 @@ class Campaign:
         fh: AbstractContextManager[Any]
         if self.path is not None and todo:
             self.path.parent.mkdir(parents=True, exist_ok=True)
+            fresh = not self.path.exists() or self.path.stat().st_size == 0
             fh = open(self.path, "ab")  # noqa: SIM115
+            if fresh:  # the config first: a later run with other settings is refused, not mixed in
+                fh.write((json.dumps({"config": self.hash, "header": self.config}, sort_keys=True) + "\n").encode())
+                fh.flush()
         else:
             fh = nullcontext(None)
         prog = Progress(f"campaign {self.name}", total=self.n_trials)
