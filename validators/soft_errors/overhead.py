@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import math
 import os
 import random
 import statistics
@@ -32,6 +31,8 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+
+from mystique.timing import median_interval
 
 from . import abft
 from .protect import protect
@@ -44,27 +45,6 @@ GEMM_TARGET_MIN_N = 1024
 #: median needs many more rounds than a GEMM's to resolve a few percent (10 x 81 rounds: about 10 s
 #: per table shape)
 TABLE_ROUNDS = 10
-
-
-def median_interval(values: list[float], level: float = 0.95) -> tuple[float, float]:
-    """Distribution-free ``level`` interval of the median of ``values`` (order statistics, binomial ranks).
-
-    With fewer than 6 values no interval of 95% exists; the extremes are returned.
-    """
-    xs = sorted(values)
-    n = len(xs)
-    if n == 0:
-        return (math.nan, math.nan)
-    # the largest j with P(Binomial(n, 1/2) < j) <= (1 - level) / 2: [x_(j), x_(n+1-j)] covers the median
-    tail, cdf, j = (1.0 - level) / 2.0, 0.0, 0
-    while j < n:
-        p = math.comb(n, j) / 2.0**n
-        if cdf + p > tail:
-            break
-        cdf += p
-        j += 1
-    lo = max(j - 1, 0)
-    return xs[lo], xs[n - 1 - lo]
 
 
 @dataclass
