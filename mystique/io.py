@@ -43,10 +43,10 @@ def _umask() -> int:
     return mask
 
 
-def fsync_dir(path: str | os.PathLike) -> None:
-    """Flush a folder's entries (the renames into it) to disk; a no-op where folders cannot be synced."""
+def _fsync_path(path: str | os.PathLike, flags: int) -> None:
+    """fsync what ``path`` names (opened with ``flags``); a no-op where it cannot be opened or synced."""
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+        fd = os.open(path, flags)
     except OSError:
         return
     try:
@@ -55,19 +55,15 @@ def fsync_dir(path: str | os.PathLike) -> None:
         pass
     finally:
         os.close(fd)
+
+
+def fsync_dir(path: str | os.PathLike) -> None:
+    """Flush a folder's entries (the renames into it) to disk; a no-op where folders cannot be synced."""
+    _fsync_path(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
 
 
 def _fsync_file(path: str | os.PathLike) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+    _fsync_path(path, os.O_RDONLY)
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
