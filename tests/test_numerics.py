@@ -174,6 +174,18 @@ def test_model_deviation_healthy_cpu_passes_per_block():
     assert "llama/layers.0" in layers and "llama/output" in layers
     assert {"model_output_deviation", "model_train_deviation", "attention_backend_deviation"} <= set(df["check"])
 
+    att = df[df["check"] == "attention_backend_deviation"]
+    assert not att.empty and set(att["status"]) <= {"pass"}  # llama calls SDPA: its backends are compared
+
+
+def test_attention_backend_deviation_is_skipped_for_a_model_without_attention():
+    """DLRM has no attention: the comparison is not applicable, a ``skip`` with the reason, never a pass."""
+    df = numerics.run(Target("cpu"), groups=["model_deviation"], workloads=["dlrm"], dtypes="bfloat16")
+    att = df[df["check"] == "attention_backend_deviation"]
+    assert not att.empty and set(att["status"]) == {"skip"}, att[["subject", "status", "detail"]].to_string()
+    assert att["detail"].str.contains("no scaled_dot_product_attention call").all()
+    assert att["subject"].str.startswith("dlrm/").all()
+
 
 # ------------------------------------------------------------------------- laws of the helpers
 
