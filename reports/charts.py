@@ -273,3 +273,71 @@ def ranking_bars(
         ax.set_title(title, loc="left")
         _style(ax)
         return _to_svg(fig, title, uid)
+
+
+def paired_rounds(
+    ratios: Sequence[float],
+    *,
+    median: float,
+    low: float,
+    high: float,
+    band: tuple[float, float],
+    replay_ms: Sequence[float] = (),
+    original_ms: Sequence[float] = (),
+    title: str,
+    uid: str = "c0",
+) -> str:
+    """The paired ratio (replay / original) of each round as points, with the median line, its 95%
+    interval (``low``..``high``, shaded) and the verdict ``band`` (dashed edges, lightly shaded).
+
+    With ``replay_ms`` / ``original_ms`` a second, smaller panel below shows both step times per round.
+    Element ids ``rounds``, ``median``, ``interval`` and ``band`` (prefixed by ``uid``) mark the parts.
+    """
+    r = np.asarray(ratios, dtype=float)
+    x = np.arange(1, len(r) + 1)
+    times = len(replay_ms) > 0 or len(original_ms) > 0
+    with matplotlib.rc_context(_RC):
+        fig = Figure(figsize=(7.5, 3.9 if times else 2.6))
+        FigureCanvasAgg(fig)
+        if times:
+            ax, ax2 = fig.subplots(2, 1, sharex=True, gridspec_kw={"height_ratios": [3, 2], "hspace": 0.12})
+        else:
+            ax, ax2 = fig.subplots(), None
+        b_lo, b_hi = band
+        ax.axhspan(b_lo, b_hi, color="#2e7d32", alpha=0.08, lw=0).set_gid("band")
+        for edge in (b_lo, b_hi):
+            ax.axhline(edge, color="#2e7d32", lw=0.9, ls="--")
+        ax.text(1.0, b_hi, f" verdict band {b_lo:g}-{b_hi:g}", transform=ax.get_yaxis_transform(),
+                color="#2e7d32", fontsize=7, va="center", ha="left")
+        if math.isfinite(low) and math.isfinite(high):
+            ax.axhspan(low, high, color=PALETTE[0], alpha=0.22, lw=0, label="95% interval").set_gid("interval")
+        if math.isfinite(median):
+            ax.axhline(median, color=PALETTE[0], lw=1.4, label=f"median {median:.3g}").set_gid("median")
+        ok = np.isfinite(r)
+        ms = 3.5 if len(r) <= 100 else 2.0
+        (pts,) = ax.plot(x[ok], r[ok], "o", ms=ms, color="#37474f", label="round", zorder=3)
+        pts.set_gid("rounds")
+        shown = [v for v in (*r[ok], low, high, median) if math.isfinite(v)]
+        lo_y = min([b_lo, *shown])
+        hi_y = max([b_hi, *shown])
+        pad = (hi_y - lo_y) * 0.08 or 0.05
+        ax.set_ylim(lo_y - pad, hi_y + pad)
+        ax.set_ylabel("replay / original")
+        ax.set_title(title, loc="left")
+        ax.legend(loc="lower right", bbox_to_anchor=(1.0, 1.0), ncol=3, fontsize=7, frameon=False)
+        _style(ax)
+        ax.grid(True, axis="y", alpha=0.3)
+        if ax2 is not None:
+            for i, (name, vals) in enumerate((("replay", replay_ms), ("original", original_ms))):
+                v = np.asarray(vals, dtype=float)
+                if len(v):
+                    ax2.plot(np.arange(1, len(v) + 1), v, "o-", ms=ms * 0.7, lw=0.8, color=PALETTE[i], label=name)
+            ax2.set_ylabel("step ms")
+            ax2.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7, frameon=False)
+            _style(ax2)
+            ax2.grid(True, axis="y", alpha=0.3)
+            ax2.set_xlabel("round")
+        else:
+            ax.set_xlabel("round")
+        (ax2 or ax).xaxis.get_major_locator().set_params(integer=True)
+        return _to_svg(fig, title, uid)

@@ -24,6 +24,7 @@ from ..results import counts as count_statuses
 from . import charts
 from .blocks import Ids as _Ids
 from .blocks import cell, chart, details, fmt, fmt_pct, heading, num, row, status_cell, table
+from .fidelity import paired_round_blocks
 from .inputs import ReplayArtifacts, ReportInputs, load_inputs
 from .selftest import selftest_blocks
 from .tables import compare_runs, runs, status_counts, verdict_of, wilson_interval, with_run_labels
@@ -222,6 +223,8 @@ def _replay_blocks(
         blocks.append(
             table(headers, body, cls="fidelity", caption="Replay fidelity (ratio = replay / original)")
         )
+    for art in replays:
+        blocks += paired_round_blocks(art, _label(run_no.get((art.run_id, art.device), ""), multi, art.label), ids)
     with_ops = [a for a in replays if a.ops is not None and len(a.ops)]
     if with_ops:
         bars: dict[str, dict[str, float]] = {}
@@ -697,6 +700,19 @@ def _env() -> jinja2.Environment:
     )
 
 
+_REPRODUCE = "reproduce:"
+
+
+def reproduce_of(detail: str) -> str:
+    """The command a row's ``detail`` ends with (``...; reproduce: mystique replay BENCH -o OUT``), for the
+    failure's reproduce line; a detail without one says so instead of passing a description off as a command."""
+    text = str(detail or "")
+    i = text.rfind(_REPRODUCE)
+    if i >= 0 and text[i + len(_REPRODUCE):].strip():
+        return text[i + len(_REPRODUCE):].strip()
+    return f"(no command recorded; detail: {text})" if text else ""
+
+
 def render_html(inputs: ReportInputs | pd.DataFrame, *, title: str | None = None) -> str:
     """The report page for ``inputs`` as one self-contained HTML string (no network references).
 
@@ -757,7 +773,9 @@ def render_html(inputs: ReportInputs | pd.DataFrame, *, title: str | None = None
             "value": fmt(r.value),
             "threshold": fmt(r.threshold),
             "unit": r.unit,
-            "detail": r.detail,
+            # the page's "reproduce:" line: the command the row's detail ends with, not its description
+            "detail": reproduce_of(r.detail),
+            "description": r.detail,
             "run": f"[{r.run_no}] {r.run}" if multi else "",
         }
         for r in fails.itertuples()

@@ -205,6 +205,8 @@ def _replay_artifacts(csv_path: Path, df: pd.DataFrame) -> ReplayArtifacts | Non
         return None
     replay_rows = df[df["suite"] == "replay"]
     subjects = [s for s in dict.fromkeys(replay_rows["subject"]) if s]
+    # per-op rows name "<workload>/<op>": the workload is the subject the others nest under
+    subjects = [s for s in subjects if not any(s.startswith(f"{o}/") for o in subjects if o != s)]
     label = subjects[0] if len(subjects) == 1 else (folder.resolve().name or str(folder))
     rows = replay_rows if len(replay_rows) else df
     run_id = rows["run_id"].iloc[0] if len(rows) else ""

@@ -422,9 +422,14 @@ def test_verdict_devices_and_failures_come_first(one_run_page):
     fail_html = html[html.index('id="failures"') : html.index('id="summary"')]
     for r in failing.itertuples():
         assert r.check in fail_html and r.subject in fail_html
-        assert r.detail.replace(">", "&gt;") in fail_html
+        # the reproduce line is the command the detail ends with; the whole detail is in the suite's table
+        if "reproduce:" in r.detail:
+            command = r.detail.rsplit("reproduce:", 1)[1].strip()
+            assert f'reproduce:</span> <code>{command}</code>' in fail_html
+        else:  # no command: said so, never a description shown as one
+            assert "<code>(no command recorded; detail: " in fail_html
+        assert r.detail.replace(">", "&gt;") in html[html.index('id="suite-'):]
     assert "0.0078" in fail_html and "0.031" in fail_html  # value and bound of the numerics failure
-    assert html.index(FAILING_DETAIL.replace(">", "&gt;")) < html.index('id="suite-')
 
 
 def test_every_row_appears_in_its_suite_table(one_run_page):
@@ -958,3 +963,85 @@ def test_selftest_healthy_false_failures_show_in_its_row(tmp_path: Path):
     good = good[(good["check"] != "fault_caught") | (good["status"] == "pass")]
     assert 'class="note selftest-verdict good"' in render_html(good)
     assert verdict_of(good) == "PASS"
+
+
+# ----------------------------------------------------------------------------------------------
+# paired rounds of a replay (summary.json "timing")
+
+
+def _paired_replay_dir(folder: Path, *, kind: str) -> Path:
+    """A replay folder like `mystique replay` writes: results.csv (with per-op rows nested under the
+    workload's subject) and a summary.json whose timing is paired (20 rounds) or recorded."""
+    ctx = _ctx(CPU, "p1", "2025-05-01T10:00:00+00:00")
+    folder.mkdir(parents=True)
+    rows = Results(ctx, "replay")
+    rows.add("replay_step_time_ratio", "dlrm/debug/infer", "ratio", 1.02, status="pass")
+    rows.add("replay_op_time_error", "dlrm/debug/infer/aten::linear", "abs_error", 0.1, status="info")
+    write_csv(rows.frame(), folder / "results.csv")
+    original = [1.0 + 0.01 * (i % 5) for i in range(20)]
+    replay = [o * (1.0 + 0.004 * ((i * 7) % 11 - 5)) for i, o in enumerate(original)]
+    ratios = [a / b for a, b in zip(replay, original)]
+    summary = {"ops_total": 29, "ops_replayed": 29, "coverage": 1.0, "coverage_by_time": 1.0,
+               "original_step_ms": 1.02, "replay_step_ms": 1.03, "ratio_kind": kind}
+    if kind == "paired":
+        summary.update(ratio=1.004, ratio_low=0.992, ratio_high=1.012, half_width=0.01, verdict="pass",
+                       timing={"kind": "paired", "rounds": 20, "replay_ms": replay, "original_ms": original,
+                               "ratios": ratios, "half_width": 0.01, "stop": "half-width", "warmup_rounds": 4,
+                               "clock": "thread_cpu", "threads": 2, "pacing": "none"})
+    else:
+        summary.update(ratio=0.87, ratio_low=None, ratio_high=None, verdict=None,
+                       timing={"kind": "recorded", "why_not_paired": "the original model is not importable here",
+                               "replay_ms": [1.0] * 5, "clock": "wall", "threads": 2})
+    (folder / "summary.json").write_text(json.dumps(summary))
+    return folder
+
+
+def _figures(html: str) -> list[str]:
+    return re.findall(r'<figure class="chart">.*?</figure>', html, flags=re.S)
+
+
+def test_paired_replay_charts_its_rounds(tmp_path: Path):
+    html = render_html(load_inputs([_paired_replay_dir(tmp_path / "r", kind="paired")]))
+    page = page_of(html)
+    assert not page.problems
+    figs = [f for f in _figures(html) if "Paired rounds of dlrm/debug/infer" in f]
+    assert len(figs) == 1
+    svg = figs[0]
+    uid = re.search(r'id="(c\d+)-rounds"', svg)[1]
+    points = svg[svg.index(f'id="{uid}-rounds"'):]
+    assert points[: points.index("</g>")].count("<use") == 20  # one marker per round
+    for part in ("median", "interval", "band"):
+        assert f'id="{uid}-{part}"' in svg, part
+    caption = re.search(r"<figcaption>(.*?)</figcaption>", svg, flags=re.S)[1]
+    assert caption.startswith(
+        "dlrm/debug/infer: 20 paired rounds (warm-up 4), ratio 1.004 [0.992, 1.012], verdict pass, "
+        "stopped: half-width, clock thread_cpu, 2 threads."
+    )
+    assert "0.90-1.10 verdict band" in caption
+    assert "is recorded" not in html
+    # the per-op subjects nested under the workload do not split its fidelity row
+    fid = page.table("fidelity")[0]["rows"][1:]
+    assert [r[0] for r in fid] == ["dlrm/debug/infer"] and fid[0][6] == "29 / 29"
+
+
+def test_recorded_replay_notes_its_ratio_without_a_chart(tmp_path: Path):
+    html = render_html(load_inputs([_paired_replay_dir(tmp_path / "r", kind="recorded")]))
+    assert not page_of(html).problems
+    assert not any("Paired rounds" in f for f in _figures(html))
+    assert ("dlrm/debug/infer: ratio 0.870 is recorded (replay against the step time the trace recorded), "
+            "not paired (the original model is not importable here); no interval, no verdict.") in html
+
+
+def test_a_failures_reproduce_line_is_the_command_its_detail_ends_with():
+    """Issue 19.5: a replay failure's reproduce line was its description ("replay 25.321 ms / ...")."""
+    from mystique.results import Results, RunContext
+
+    res = Results(RunContext(device="cpu", device_name="x", torch_version="2"), "replay")
+    res.add("replay_step_time_ratio", "tiny", "ratio", 1.4, threshold=1.1, status="fail",
+            detail="replay 25.321 ms / original 22.891 ms; seed 0; reproduce: mystique replay BENCH -o OUT --seed 0")
+    res.add("replay_coverage", "tiny", "coverage", 0.5, threshold=1.0, status="fail", detail="half the ops")
+    html = render_html(res.frame())
+    fail_html = html[html.index('id="failures"'): html.index('id="summary"')]
+    assert 'reproduce:</span> <code>mystique replay BENCH -o OUT --seed 0</code>' in fail_html
+    assert "<code>replay 25.321 ms" not in fail_html
+    assert "<code>(no command recorded; detail: half the ops)</code>" in fail_html
