@@ -28,8 +28,9 @@ from . import cli, options
 @options.time_cap(60.0)
 @options.pacing
 @options.threads
+@options.allow_ops
 def replay_cmd(source, output, device, iters, warmup, iteration, seed, force, timeout, world_size, backend,
-               timing, half_width, time_cap, pacing, threads) -> int:
+               timing, half_width, time_cap, pacing, threads, allow_ops) -> int:
     """Replay BENCH_OR_TRACE (benchmark dir, benchmark.json, trace dir or ET file) with synthetic data.
 
     Writes OUT_DIR/ops.csv, OUT_DIR/summary.json and OUT_DIR/results.csv. Where the captured step
@@ -54,6 +55,10 @@ def replay_cmd(source, output, device, iters, warmup, iteration, seed, force, ti
             raise UsageError("--timing paired, --pacing and --threads apply to single-process replays; a multi-rank "
                              "replay compares with the recorded step times")
 
+        if allow_ops:
+            raise UsageError("--allow-ops applies to single-process replays; a multi-rank replay calls the operators "
+                             "of the allowed namespaces only")
+
         summary, df = replay_distributed(source, output, device=device, iters=iters, warmup=warmup,
                                          iteration=iteration, seed=seed, force=force, world_size=world_size,
                                          backend=backend, timeout=timeout)
@@ -68,7 +73,7 @@ def replay_cmd(source, output, device, iters, warmup, iteration, seed, force, ti
 
     summary, df = replay(source, output, device=device, iters=iters, warmup=warmup, iteration=iteration,
                          force=force, seed=seed, timing=timing, half_width=half_width, time_cap=time_cap,
-                         pacing=pacing, threads=threads)
+                         pacing=pacing, threads=threads, allow_ops=allow_ops)
     click.echo(
         f"{summary['ops_replayed']}/{summary['ops_total']} ops replayed (coverage {summary['coverage']:.3f}); "
         f"step {summary['replay_step_ms']:.3f} ms{ratio_words(summary)}; results in {output}"
@@ -107,12 +112,15 @@ def ratio_words(summary: dict) -> str:
 @click.option("--obfuscate", is_flag=True, help="Strip module names, scopes and source names; keep op names.")
 @click.option("--iteration", default=None, type=int, metavar="K", help="Profiler step to take (default: last complete).")
 @options.force
-def generate_cmd(trace, output, device, dtype, formats, batch_scale, keep, drop, obfuscate, iteration, force) -> int:
+@options.allow_ops
+def generate_cmd(trace, output, device, dtype, formats, batch_scale, keep, drop, obfuscate, iteration, force,
+                 allow_ops) -> int:
     """Generate a benchmark folder (benchmark.json, benchmark.py) from TRACE (trace dir or ET file)."""
     from ..replay.generate import generate
 
     plan = generate(trace, output, device=device, dtype=dtype, formats=formats, batch_scale=batch_scale,
-                    keep=keep, drop=drop, obfuscate_names=obfuscate, iteration=iteration, force=force)
+                    keep=keep, drop=drop, obfuscate_names=obfuscate, iteration=iteration, force=force,
+                    allow_ops=allow_ops)
     skipped = sum(s["count"] for s in plan.metadata.get("skipped", {}).values())
     click.echo(f"{len(plan.ops)} ops ({skipped} will be skipped) written to {output}")
     return 0

@@ -69,3 +69,9 @@ threads = click.option(
     "step's, capped at the cores available; paired timing uses fewer when other processes keep cores busy. "
     "0: torch's own setting.",
 )
+allow_ops = click.option(
+    "--allow-ops", "allow_ops", multiple=True, metavar="PATTERN",
+    help="Also replay the operators matching PATTERN (fnmatch on ns::name, e.g. 'mylib::*'; repeatable). Operators "
+    "outside the namespaces torch and the known workload libraries register (aten, prims, c10d, fbgemm, "
+    "torchvision, ...) are skipped otherwise: a trace names the operators the replay calls.",
+)

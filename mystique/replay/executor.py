@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import fnmatch
 import gc
 import importlib
 import json
@@ -65,6 +66,17 @@ CUSTOM_OP_MODULES: dict[str, tuple[str, ...]] = {
     "mkldnn": (),
     "quantized": (),
 }
+
+# Operator namespaces a replay calls without being asked: torch's own (aten, prims, the profiler's
+# bookkeeping, the collectives and DTensor/FSDP2 helpers) and those of the workload libraries above
+# whose traces this suite replays (fbgemm/torchrec for DLRM, torchvision, torchaudio, quantized and
+# mkldnn kernels, xformers attention). A trace names the operators the replay calls, so any other
+# namespace (whatever a loaded extension registered) is refused unless the user allows it with
+# ``--allow-ops PATTERN`` (fnmatch on ``ns::name``, e.g. ``mylib::*``); see :func:`op_refusal`.
+ALLOWED_OP_NAMESPACES: tuple[str, ...] = (
+    "aten", "prims", "profiler", "c10d", "c10d_functional", "_c10d_functional", "_c10d_functional_autograd",
+    "_dtensor", "fsdp", "fbgemm", "torchrec", "torchvision", "torchaudio", "quantized", "mkldnn", "xformers",
+)
 
 COLLECTIVE_PREFIXES: tuple[str, ...] = ("c10d::", "c10d_functional::", "_c10d_functional::", "nccl:", "gloo:")
 COLLECTIVE_NAMES: frozenset[str] = frozenset({"record_param_comms"})
@@ -230,8 +242,24 @@ def import_namespace(ns: str) -> None:
             pass
 
 
-def resolve_overload(qualified: str) -> Any:
-    """``"aten::addmm.default"`` -> ``torch.ops.aten.addmm.default`` (None when unavailable)."""
+def op_refusal(qualified: str, allow_ops: Sequence[str] = ()) -> str:
+    """Why a replay must not call operator ``qualified`` (``ns::name`` or ``ns::name.overload``): its
+    namespace is not in :data:`ALLOWED_OP_NAMESPACES` and no pattern of ``allow_ops`` (fnmatch,
+    case-sensitive, on ``ns::name`` or on the whole ``qualified``) matches it. "" when it may."""
+    ns, sep, rest = qualified.partition("::")
+    if not sep or ns in ALLOWED_OP_NAMESPACES:
+        return ""  # a name without a namespace resolves to no operator anyway
+    short = f"{ns}::{rest.split('.', 1)[0]}"
+    if any(fnmatch.fnmatchcase(short, p) or fnmatch.fnmatchcase(qualified, p) for p in allow_ops):
+        return ""
+    return f"namespace {ns!r} not allowed (pass --allow-ops '{ns}::*')"
+
+
+def resolve_overload(qualified: str, allow_ops: Sequence[str] = ()) -> Any:
+    """``"aten::addmm.default"`` -> ``torch.ops.aten.addmm.default`` (None when unavailable, or
+    refused by :func:`op_refusal` with ``allow_ops``)."""
+    if op_refusal(qualified, allow_ops):
+        return None
     ns, _, rest = qualified.partition("::")
     name, _, overload = rest.partition(".")
     overload = overload or "default"
@@ -435,8 +463,11 @@ def python_binding(overload: Any, args: list[Any], kwargs: dict[str, Any],
     return found[0] if found is not None else None
 
 
-def overload_schemas(ns_name: str) -> list[str]:
-    """Schema strings of every overload of ``ns::name`` registered in this torch (empty if none)."""
+def overload_schemas(ns_name: str, allow_ops: Sequence[str] = ()) -> list[str]:
+    """Schema strings of every overload of ``ns::name`` registered in this torch (empty if none, or
+    if :func:`op_refusal` refuses it with ``allow_ops``)."""
+    if op_refusal(ns_name, allow_ops):
+        return []
     ns, _, name = ns_name.partition("::")
     if ns not in ("aten", "prims"):
         import_namespace(ns)
@@ -1061,10 +1092,15 @@ class Executor:
     executor's own work between two ops counts towards the gap (the original's Python time between
     ops is replaced, not added to). ``pacing_gap_us`` is the recorded gap time paced per iteration
     and ``paced_ops`` the number of ops with a gap (both 0 when the plan records none).
+
+    ``allow_ops``: fnmatch patterns (``ns::name``) of operators outside
+    :data:`ALLOWED_OP_NAMESPACES` that may be called; any other such op is skipped with the reason
+    (:func:`op_refusal`) and never resolved.
     """
 
     def __init__(self, plan: dict[str, Any], device: str | torch.device = "cpu", seed: int = 0,
-                 check_memory: bool = True, emulate_autograd: bool = True, pacing: str = "none"):
+                 check_memory: bool = True, emulate_autograd: bool = True, pacing: str = "none",
+                 allow_ops: Sequence[str] = ()):
         if pacing not in PACINGS:
             raise UnknownPacing(f"unknown pacing {pacing!r}; expected one of: {', '.join(PACINGS)}")
         self.plan = check_plan(plan)
@@ -1073,6 +1109,7 @@ class Executor:
             self.device = torch.device("cuda", torch.cuda.current_device())
         self.seed = seed
         self.check_memory = check_memory
+        self.allow_ops = tuple(allow_ops)  # patterns of operators outside ALLOWED_OP_NAMESPACES to call
         meta = plan.get("metadata", {})
         self.original_device = torch.device(meta.get("original_device") or "cpu")
         self.tensors = {t["id"]: t for t in plan["tensors"]}
@@ -1257,8 +1294,11 @@ class Executor:
             action = op.get("action", "call")
             fn = None
             reason = op.get("reason", "")
+            refused = op_refusal(op["op"], self.allow_ops) if action == "call" else ""
+            if refused:
+                action, reason = "skip", refused  # never resolved, never called
             if action == "call":
-                fn = substitute(op["op"], self.device) or resolve_overload(op["op"])
+                fn = substitute(op["op"], self.device) or resolve_overload(op["op"], self.allow_ops)
                 if fn is None:
                     ns = op["op"].split("::", 1)[0]
                     action = "skip"
@@ -1711,6 +1751,9 @@ def main(argv: Sequence[str] | None = None, default_plan: str | None = None) -> 
                     help="CPU threads (default on cpu: those of the captured step; 0: torch's default)")
     ap.add_argument("--pacing", choices=PACINGS, default="none",
                     help="none: ops back to back; recorded: wait the captured step's host gaps between ops")
+    ap.add_argument("--allow-ops", dest="allow_ops", action="append", default=[], metavar="PATTERN",
+                    help="also call the operators matching PATTERN (fnmatch on ns::name, e.g. 'mylib::*'; "
+                    "repeatable); outside the namespaces " + ", ".join(ALLOWED_OP_NAMESPACES) + " others are skipped")
     ns = ap.parse_args(argv)
     if not ns.plan:
         print("error: no plan given (--plan)", file=sys.stderr)
@@ -1737,7 +1780,7 @@ def main(argv: Sequence[str] | None = None, default_plan: str | None = None) -> 
     if threads is not None:
         torch.set_num_threads(threads)
     try:
-        ex = Executor(plan, dev, seed=ns.seed, pacing=ns.pacing)
+        ex = Executor(plan, dev, seed=ns.seed, pacing=ns.pacing, allow_ops=ns.allow_ops)
         ex.prepare()
     except InsufficientMemory as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import re
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -79,8 +80,12 @@ def filter_ops(plan: Plan, keep: str | None = None, drop: str | None = None) -> 
            and not (d is not None and (d.search(op["name"]) or d.search(op.get("op", ""))))]
     if not ops:
         raise UsageError("--keep/--drop removed every operator")
+    # the trace's op count before any filter: coverage is reported against it, not the filtered plan's
+    before = len(plan.ops)
+    plan.metadata.setdefault("original_ops_total", before)
     plan.data["ops"] = ops
-    plan.metadata["transforms"].append({"filter": {"keep": keep, "drop": drop}})
+    plan.metadata["transforms"].append({"filter": {"keep": keep, "drop": drop, "ops_before": before,
+                                                   "ops_after": len(ops)}})
     return normalise(plan)
 
 
@@ -231,13 +236,13 @@ def _rescale_sizes(values: list[Any], ref_shape: list[int] | None, b: int, nb: i
     return out
 
 
-def rescale_batch(plan: Plan, factor: float) -> Plan:
+def rescale_batch(plan: Plan, factor: float, allow_ops: Sequence[str] = ()) -> Plan:
     """Scale the batch dimension by ``factor`` (UsageError when no consistent rescale exists).
 
     Every tensor dim equal to the batch size B and every size-list argument equal to B or to a
     product of input dims including B is rescaled; the shapes of op results are then recomputed
     by running the plan on the meta device, and any op that fails there but not on the original
-    shapes makes the rescale inconsistent.
+    shapes makes the rescale inconsistent. ``allow_ops``: as for :class:`executor.Executor`.
     """
     if not (factor > 0 and math.isfinite(factor)):
         raise UsageError(f"--batch-scale must be a positive number, not {factor}")
@@ -257,7 +262,7 @@ def rescale_batch(plan: Plan, factor: float) -> Plan:
         t = params[0]
         raise UsageError(f"cannot rescale the batch size {b}: tensors the step updates in place have a dim "
                          f"of the same size (e.g. shape {t['shape']}), so the batch dim is ambiguous")
-    before = _meta_failures(plan)
+    before = _meta_failures(plan, allow_ops)
     new = plan.copy()
     nt = {t["id"]: t for t in new.tensors}
     for t in new.tensors:
@@ -282,7 +287,7 @@ def rescale_batch(plan: Plan, factor: float) -> Plan:
         for sa in sch.args:
             if sa.kwarg_only and sa.base_type in _SIZE_TYPES and isinstance(op["kwargs"].get(sa.name), list):
                 op["kwargs"][sa.name] = _rescale_sizes(op["kwargs"][sa.name], ref, b, nb)
-    e = ex.Executor(new.data, "meta", check_memory=False)
+    e = ex.Executor(new.data, "meta", check_memory=False, allow_ops=allow_ops)
     e.record_shapes = True
     e.propagate = True
     e.probe()
@@ -360,8 +365,8 @@ def _dense_like(old_shape: list[int], old_strides: list[int] | None, shape: list
     return out
 
 
-def _meta_failures(plan: Plan) -> dict[int, str]:
-    e = ex.Executor(plan.data, "meta", check_memory=False)
+def _meta_failures(plan: Plan, allow_ops: Sequence[str] = ()) -> dict[int, str]:
+    e = ex.Executor(plan.data, "meta", check_memory=False, allow_ops=allow_ops)
     e.probe()
     return {st.index: st.reason for st in e.status if st.state == "skipped"}
 
@@ -411,8 +416,13 @@ def generate(
     obfuscate_names: bool = False,
     iteration: int | None = None,
     force: bool = False,
+    allow_ops: Sequence[str] = (),
 ) -> Plan:
-    """Generate a benchmark folder from a trace (dir or ET file); returns the written plan."""
+    """Generate a benchmark folder from a trace (dir or ET file); returns the written plan.
+
+    ``allow_ops``: fnmatch patterns (``ns::name``) of operators outside
+    ``executor.ALLOWED_OP_NAMESPACES`` to keep (else skipped in the plan); whoever replays the
+    benchmark passes them again (``benchmark.py --allow-ops``, ``mystique replay --allow-ops``)."""
     fmts = parse_formats(formats)
     if "onnx" in fmts:
         from .. import onnx_export
@@ -424,14 +434,14 @@ def generate(
     device = _check_device_name(device)
     prog = Progress("generate")
     prog.note(f"reading {trace}")
-    plan, kind = plan_from_path(trace, iteration)
+    plan, kind = plan_from_path(trace, iteration, allow_ops)
     if kind == "benchmark":
         raise UsageError(f"{_line(trace)} is a benchmark already; generate reads a trace")
     prog.note(f"{len(plan.ops)} ops of iteration {plan.metadata.get('iteration')}")
     plan = filter_ops(plan, keep, drop)
     if batch_scale is not None and batch_scale != 1:
         prog.note(f"rescaling the batch by {batch_scale}")
-        plan = rescale_batch(plan, batch_scale)
+        plan = rescale_batch(plan, batch_scale, allow_ops)
     if dtype:
         plan = retarget_dtype(plan, dtype)
     plan.metadata["default_device"] = device

@@ -33,6 +33,7 @@ import json
 import math
 import os
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -339,10 +340,11 @@ def _type_accepts(stype: str, a: Arg) -> bool:
     return True
 
 
-def match_schema(name: str, inputs: list[Arg]) -> str | None:
-    """The schema of the overload of ``name`` that accepts ``inputs`` (None when none does)."""
+def match_schema(name: str, inputs: list[Arg], allow_ops: Sequence[str] = ()) -> str | None:
+    """The schema of the overload of ``name`` that accepts ``inputs`` (None when none does, or when
+    :func:`executor.op_refusal` refuses ``name`` with ``allow_ops``)."""
     best = None
-    for text in ex.overload_schemas(name):
+    for text in ex.overload_schemas(name, allow_ops):
         try:
             sch = ex.parse_schema(text)
         except ValueError:
@@ -383,8 +385,9 @@ def _strides(t: TensorRef) -> list[int]:
 
 
 class _Builder:
-    def __init__(self, trace: Trace):
+    def __init__(self, trace: Trace, allow_ops: Sequence[str] = ()):
         self.trace = trace
+        self.allow_ops = tuple(allow_ops)  # patterns of ops outside ex.ALLOWED_OP_NAMESPACES to call
         self.tensors: list[dict[str, Any]] = []
         self.storages: list[dict[str, Any]] = []
         self.cur_tensor: dict[tuple, int] = {}
@@ -561,9 +564,12 @@ class _Builder:
         action, reason = classify(node)
         schema_text = node.op_schema
         sch: ex.Schema | None = None
+        refused = ex.op_refusal(node.name, self.allow_ops) if action == "call" else ""
+        if refused:
+            action, reason = "skip", refused  # an operator of a namespace not allowed: never resolved
         if action == "call":
             if not schema_text:
-                schema_text = match_schema(node.name, node.inputs) or ""
+                schema_text = match_schema(node.name, node.inputs, self.allow_ops) or ""
             if schema_text:
                 try:
                     sch = ex.parse_schema(schema_text)
@@ -572,8 +578,11 @@ class _Builder:
             if sch is None:
                 ns = node.name.split("::", 1)[0]
                 action = "skip"
-                reason = ("custom op unavailable" if ns not in ("aten", "prims") and not ex.overload_schemas(node.name)
+                reason = ("custom op unavailable"
+                          if ns not in ("aten", "prims") and not ex.overload_schemas(node.name, self.allow_ops)
                           else "no operator schema recorded or matched")
+            elif ex.op_refusal(sch.qualified, self.allow_ops):  # a recorded schema of another namespace
+                action, reason = "skip", ex.op_refusal(sch.qualified, self.allow_ops)
             elif len(node.inputs) > len(sch.args):
                 action, reason = "skip", "recorded arguments do not match the schema"
             elif any(a.kind in ("Storage",) for a in node.inputs):
@@ -928,6 +937,7 @@ def build_plan(
     capture: dict[str, Any] | None = None,
     nodes: list[Node] | None = None,
     kineto_times: Any = None,
+    allow_ops: Sequence[str] = (),
 ) -> Plan:
     """The replay plan of one iteration of ``trace``.
 
@@ -937,7 +947,9 @@ def build_plan(
     original step time). ``nodes``: the ops to replay (default :func:`replay_ops`), e.g. in tests.
     ``kineto_times``: the whole :class:`mystique.trace.kineto.KinetoTimes` of that run, for each op's
     device time (``orig_device_us``: the kernels its ET subtree launched) and the step's recorded span
-    (metadata ``original_step_span_ms``, ``original_device_step_ms``).
+    (metadata ``original_step_span_ms``, ``original_device_step_ms``). ``allow_ops``: fnmatch
+    patterns (``ns::name``) of operators outside :data:`executor.ALLOWED_OP_NAMESPACES` to replay;
+    any other such op is skipped with the reason (``--allow-ops``).
     """
     from ..trace.analysis import replay_ops, select_iteration
 
@@ -945,7 +957,7 @@ def build_plan(
     if nodes is None:
         it = select_iteration(trace, iteration)
         nodes = replay_ops(trace, iteration)
-    b = _Builder(trace)
+    b = _Builder(trace, allow_ops)
     b.kineto_spans = getattr(kineto_times, "cpu_spans_us", None)  # per-op gap_us
     if kineto is None and kineto_times is not None:
         kineto = kineto_times.cpu_us
@@ -1063,8 +1075,10 @@ def normalise(plan: Plan) -> Plan:
     return plan
 
 
-def plan_from_path(path: str | os.PathLike, iteration: int | None = None) -> tuple[Plan, str]:
-    """A plan from a benchmark dir, a ``benchmark.json``, a trace dir or an ET file.
+def plan_from_path(path: str | os.PathLike, iteration: int | None = None,
+                   allow_ops: Sequence[str] = ()) -> tuple[Plan, str]:
+    """A plan from a benchmark dir, a ``benchmark.json``, a trace dir or an ET file (``allow_ops``:
+    see :func:`build_plan`; a benchmark's executor applies it again).
 
     Returns ``(plan, kind)`` with kind ``benchmark`` or ``trace``. UsageError for anything else.
     """
@@ -1088,7 +1102,7 @@ def plan_from_path(path: str | os.PathLike, iteration: int | None = None) -> tup
             kineto = read_kineto(kin)
         except UsageError:
             kineto = None
-    plan = build_plan(trace, iteration, kineto_times=kineto, capture=read_capture(p))
+    plan = build_plan(trace, iteration, kineto_times=kineto, capture=read_capture(p), allow_ops=allow_ops)
     return plan, "trace"
 
 

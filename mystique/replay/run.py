@@ -15,6 +15,7 @@ import math
 import os
 import statistics
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -38,16 +39,25 @@ SUMMARY_KEYS = DESIGN_SUMMARY_KEYS + (
     "recorded_original_step_ms", "recorded_ratio", "cross_device", "timing", "op_error", "lacks")
 DEFAULT_HALF_WIDTH = 0.025
 DEFAULT_TIME_CAP_S = 60.0
+#: the largest share of replayed ops whose results may be synthetic before ``replay_output_fallbacks``
+#: fails: each one replaces an op's work by a made-up tensor, so past 1% of the ops the replay's time
+#: is no longer the captured work's (no-ops are counted apart: they were recorded as doing no work)
+FALLBACK_SHARE_MAX = 0.01
+#: which side of its threshold a checked row's value must lie on to pass (``band``: within
+#: RATIO_LOW-RATIO_HIGH); a row never reads pass with its value on the wrong side
+ROW_DIRECTIONS = {"replay_coverage": "min", "replay_output_fallbacks": "max", "replay_step_time_ratio": "band"}
 __all__ = ["OPS_COLUMNS", "RATIO_HIGH", "RATIO_LOW", "SUMMARY_KEYS", "make_executor", "replay", "summarize"]
 
 
-def make_executor(plan: Plan, device: str, seed: int = 0, pacing: str = "none") -> ex.Executor:
+def make_executor(plan: Plan, device: str, seed: int = 0, pacing: str = "none",
+                  allow_ops: Sequence[str] = ()) -> ex.Executor:
     """An executor for ``plan`` on ``device`` with ``pacing`` (``none`` | ``recorded``), memory checked
-    (EnvironmentUnsupported when the device cannot hold the plan's tensors)."""
+    (EnvironmentUnsupported when the device cannot hold the plan's tensors); ``allow_ops``: patterns of
+    operators outside ``executor.ALLOWED_OP_NAMESPACES`` it may call (``--allow-ops``)."""
     import torch
 
     try:
-        e = ex.Executor(plan.data, device, seed=seed, pacing=pacing)
+        e = ex.Executor(plan.data, device, seed=seed, pacing=pacing, allow_ops=allow_ops)
         e.prepare()
     except (ex.InsufficientMemory, MemoryError, torch.OutOfMemoryError) as exc:
         raise EnvironmentUnsupported(str(exc) or "out of memory") from exc
@@ -103,7 +113,8 @@ def summarize(plan: Plan, e: ex.Executor, step_times_s: list[float], device: str
     c = e.counts()
     total = c["total"]
     replayed = c["replayed"]
-    coverage = replayed / total if total else 1.0
+    orig_total = original_ops_total(plan)
+    coverage = replayed / orig_total if orig_total else 1.0
     known = [(t, st.state != "skipped") for op, st in zip(plan.ops, e.status)
              if (t := fid.original_op_us(plan, op)) is not None]
     tot_t = sum(t for t, _ in known)
@@ -127,7 +138,7 @@ def summarize(plan: Plan, e: ex.Executor, step_times_s: list[float], device: str
         verdict = fid.ratio_verdict(lo, hi)
         cross = False  # both sides ran here
     else:
-        ratio = recorded_ratio
+        ratio = None if transformed(plan) else recorded_ratio  # a filtered/rescaled plan is another workload
         original = rec_ms
         kind = "recorded" if ratio is not None else None
         source = rec_source
@@ -153,6 +164,21 @@ def summarize(plan: Plan, e: ex.Executor, step_times_s: list[float], device: str
         "op_error": op_error or {},
         "lacks": fid.lacks(plan),
     }
+
+
+def original_ops_total(plan: Plan) -> int:
+    """The op count of the trace the plan came from (before ``--keep``/``--drop``), at least the plan's."""
+    n = plan.metadata.get("original_ops_total")
+    return max(int(n), len(plan.ops)) if isinstance(n, int) else len(plan.ops)
+
+
+def transformed(plan: Plan) -> str | None:
+    """What changed the plan from the captured step (``"filtered, rescaled"``...), or None."""
+    words = {"filter": "filtered", "batch_scale": "rescaled", "dtype": "retyped"}  # obfuscation keeps the work
+    orig_dtype = (fid.original_step(plan) or {}).get("dtype")
+    done = [w for t in plan.metadata.get("transforms") or [] if isinstance(t, dict)
+            for k, w in words.items() if k in t and not (k == "dtype" and t[k] == orig_dtype)]
+    return ", ".join(dict.fromkeys(done)) or None
 
 
 def _f(v: Any) -> float | None:
@@ -196,29 +222,67 @@ def ops_csv_text(plan: Plan, e: ex.Executor, op_times_s: list[float], device: st
     return buf.getvalue()
 
 
+def reproduce_command(source: Any, device: str, seed: int, **opts: Any) -> str:
+    """The ``mystique replay`` command line that reruns this replay (options that differ from the defaults)."""
+    cmd = f"mystique replay {source} -o OUT --device {device} --seed {seed}"
+    for k, v in opts.items():
+        for one in (v if isinstance(v, (list, tuple)) else [v]):
+            if one is not None:
+                cmd += f" --{k.replace('_', '-')} {one}"
+    return cmd
+
+
+class _Rows:
+    """Results whose every row's detail ends with ``reproduce: <command>``."""
+
+    def __init__(self, res: Any, command: str):
+        self.res, self.command = res, command
+
+    def add(self, *args: Any, detail: str = "", **kw: Any) -> None:
+        self.res.add(*args, detail=(f"{detail}; " if detail else "") + f"reproduce: {self.command}", **kw)
+
+    def frame(self) -> Any:
+        return self.res.frame()
+
+
 def _results(summary: dict[str, Any], e: ex.Executor, plan: Plan, device: str, subject: str,
-             target: Any, iters: int, warmup: int, seed: int):
+             target: Any, iters: int, warmup: int, seed: int, reproduce: str | None = None):
     from ..results import Results, RunContext
 
-    res = Results(RunContext.for_target(target), "replay")
+    res = _Rows(Results(RunContext.for_target(target), "replay"),
+                reproduce or reproduce_command("BENCH", device, seed, iters=iters, warmup=warmup))
     c = e.counts()
     floats = Counter(t["dtype"] for t in plan.tensors if t["dtype"] in ("float32", "float16", "bfloat16", "float64"))
     dtype = floats.most_common(1)[0][0] if floats else ""
     collectives = sum(n for name, n in c["skipped"].items() if c["reasons"].get(name) == "collective")
-    compute_total = c["total"] - collectives
+    orig_total = original_ops_total(plan)
+    dropped = orig_total - c["total"]  # removed by generate --keep/--drop: not replayed either
+    compute_total = orig_total - collectives
     compute_cov = c["replayed"] / compute_total if compute_total else 1.0
     missing = {k: v for k, v in c["skipped"].items() if c["reasons"].get(k) != "collective"}
     detail = "; ".join(f"{k} x{v}: {c['reasons'].get(k, '')}" for k, v in sorted(missing.items()))
-    res.add("replay_coverage", subject, "coverage", summary["coverage"], threshold=1.0, dtype=dtype,
+    # the value shown is the one checked (compute ops: skipped collectives are no failure), so a
+    # value below the threshold never reads pass
+    res.add("replay_coverage", subject, "coverage", compute_cov, threshold=1.0, dtype=dtype,
             status="pass" if compute_cov >= 1.0 else "fail",
-            detail=(f"compute ops replayed {c['replayed']}/{compute_total}"
+            detail=(f"compute ops replayed {c['replayed']}/{compute_total} of the original trace's ops "
+                    f"(pass at 1.0: every compute op replayed); all ops {c['replayed']}/{orig_total} "
+                    f"({summary['coverage']:.3f})"
+                    + (f", of which {c['noop']} no-op(s) (recorded as no work)" if c.get("noop") else "")
                     + (f"; {collectives} collectives skipped" if collectives else "")
+                    + (f"; {dropped} op(s) removed by generate ({transformed(plan)}): not replayed" if dropped else "")
                     + (f"; not replayed: {detail}" if detail else "")))
     ref = fid.op_reference(plan)
-    res.add("replay_coverage_by_time", subject, "coverage_by_time", summary["coverage_by_time"], dtype=dtype,
-            status="pass" if summary["coverage_by_time"] >= 1.0 or compute_cov >= 1.0 else "fail",
-            detail=f"weighted by original (Kineto) {ref} op times" if plan.metadata.get("original_op_times")
-            else "no original op times (no Kineto trace): every op weighs the same")
+    by_time_detail = (f"weighted by original (Kineto) {ref} op times" if plan.metadata.get("original_op_times")
+                      else "no original op times (no Kineto trace): every op weighs the same")
+    if dropped:  # the filtered plan no longer holds the removed ops' times: no claim over the original
+        res.add("replay_coverage_by_time", subject, "coverage_by_time", summary["coverage_by_time"], dtype=dtype,
+                status="info", detail=f"over the {c['total']} ops the {transformed(plan)} plan kept, not the "
+                f"original's {orig_total}: no verdict; {by_time_detail}")
+    else:
+        res.add("replay_coverage_by_time", subject, "coverage_by_time", summary["coverage_by_time"], dtype=dtype,
+                status="pass" if summary["coverage_by_time"] >= 1.0 or compute_cov >= 1.0 else "fail",
+                detail=by_time_detail)
     t = summary["timing"]
     threads = _threads_note(plan, device)
     if summary["ratio_kind"] == "paired" and str(device).split(":")[0] == "cpu":
@@ -262,23 +326,28 @@ def _results(summary: dict[str, Any], e: ex.Executor, plan: Plan, device: str, s
                 + (f"; not paired: {t.get('why_not_paired')}" if t.get("why_not_paired") else ""))
         ratio = summary["ratio"]
         why_np = t.get("why_not_paired") or ""
+        changed = transformed(plan)
         if ratio is None:
-            if summary["original_step_ms"] is None:
+            if changed and summary["original_step_ms"] is not None:
+                why = (f"not comparable: the plan was {changed} by generate, so it is not the captured step "
+                       f"(replay {summary['replay_step_ms']:.3f} ms, recorded original "
+                       f"{summary['original_step_ms']:.3f} ms)")
+            elif summary["original_step_ms"] is None:
                 why = "no recorded original step time"
             else:
-                why = (f"cross-device: original timed on {plan.metadata.get('original_device')}, replayed on "
-                       f"{device}")
+                why = (f"cross-device comparison: original timed on {plan.metadata.get('original_device')}, "
+                       f"replayed on {device}: no fidelity claimed")
             res.add("replay_step_time_ratio", subject, "ratio", None, threshold=None, status="skip", dtype=dtype,
                     detail=why + (f"; not paired: {why_np}" if why_np else "") + (f"; lacks: {lacking}" if lacking else ""))
         else:
-            cross = (f"; cross-device: captured on {plan.metadata.get('captured_on')}, replayed on "
-                     f"{RunContext.for_target(target).device_name}: no fidelity claimed" if summary["cross_device"]
+            cross = (f"cross-device comparison: captured on {plan.metadata.get('captured_on')}, replayed on "
+                     f"{RunContext.for_target(target).device_name}: no fidelity claimed; " if summary["cross_device"]
                      else "")
             res.add("replay_step_time_ratio", subject, "ratio", ratio, dtype=dtype, status="info",
-                    detail=f"recorded (not paired): replay {summary['replay_step_ms']:.3f} ms / "
+                    detail=cross + f"recorded (not paired): replay {summary['replay_step_ms']:.3f} ms / "
                            f"{summary['original_step_source']} {summary['original_step_ms']:.3f} ms, measured at "
                            f"different times: a measurement, no verdict"
-                           + (f"; not paired: {why_np}" if why_np else "") + cross + f"; seed {seed}")
+                           + (f"; not paired: {why_np}" if why_np else "") + f"; seed {seed}")
     oe = summary["op_error"]
     if oe.get("ops_compared"):
         ref_words = f"recorded Kineto {oe['reference']} time (profiled)"
@@ -296,8 +365,16 @@ def _results(summary: dict[str, Any], e: ex.Executor, plan: Plan, device: str, s
         why += summary["lacks"]
         res.add("replay_op_time_error", subject, "median_abs_error", None, dtype=dtype, status="skip",
                 detail="no per-op comparison: " + ("; ".join(why) or "no op with a recorded and a replayed time"))
-    res.add("replay_output_fallbacks", subject, "count", c["fallbacks"],
-            status="info", detail="op results whose shape or dtype disagreed with the trace, replaced by synthetic tensors")
+    # ops with a synthetic result, plus views the executor had to synthesise (each one substitution)
+    subst = sum(1 for st in e.status if st.fallbacks) + int(getattr(e, "_fallbacks", 0))
+    replayed = c["replayed"]
+    share = subst / replayed if replayed else 0.0
+    res.add("replay_output_fallbacks", subject, "share", share, threshold=FALLBACK_SHARE_MAX, dtype=dtype,
+            status="pass" if share <= FALLBACK_SHARE_MAX else "fail",
+            detail=f"{subst} of {replayed} replayed op(s) had results replaced by synthetic tensors (shape or dtype "
+                   f"disagreed with the trace; {c['fallbacks']} result(s) in all); {c.get('noop', 0)} no-op(s) "
+                   f"counted apart; pass at most {FALLBACK_SHARE_MAX:.0%} of the replayed ops, since each "
+                   f"fallback replaces an op's work by a synthetic output")
     res.add("replay_peak_memory", subject, "bytes", e.peak_bytes(), unit="B", status="info",
             detail="late-allocation / early-free schedule of the plan")
     return res.frame()
@@ -336,6 +413,7 @@ def replay(
     half_width: float = DEFAULT_HALF_WIDTH,
     time_cap: float = DEFAULT_TIME_CAP_S,
     pacing: str = "none",
+    allow_ops: Sequence[str] = (),
 ) -> tuple[dict[str, Any], Any]:
     """Replay a benchmark dir / ``benchmark.json`` / trace dir / ET file on ``device``.
 
@@ -353,7 +431,8 @@ def replay(
     Then ``op_iters`` (default ``min(iters, 3)``) per-op timed passes for ops.csv. On the CPU both
     sides run with the captured step's thread count (``threads``: see
     :func:`executor.replay_threads`; torch's setting is restored afterwards). ``pacing`` goes to the
-    executor (``none``: ops back to back). Returns ``(summary, results DataFrame)`` and writes ops.csv,
+    executor (``none``: ops back to back), as do ``allow_ops`` (with the plan builder: fnmatch patterns of
+    operators outside ``executor.ALLOWED_OP_NAMESPACES`` to call, else skipped). Returns ``(summary, results DataFrame)`` and writes ops.csv,
     summary.json and results.csv into ``out_dir``.
     """
     import torch
@@ -374,7 +453,7 @@ def replay(
     target = make_target(device)
     prog = Progress("replay")
     prog.note(f"reading {source}")
-    plan, kind = plan_from_path(source, iteration)
+    plan, kind = plan_from_path(source, iteration, allow_ops)
     n = ex.replay_threads(plan.data, torch.device(target.device), threads)
     before = torch.get_num_threads()
     if n is not None and n != before:
@@ -382,7 +461,7 @@ def replay(
     try:
         return _replay(plan, kind, source, out_dir, target, prog, iters=iters, warmup=warmup, force=force,
                        op_iters=op_iters, seed=seed, timing=timing, half_width=half_width, time_cap=time_cap,
-                       pacing=pacing, threads_asked=threads)
+                       pacing=pacing, threads_asked=threads, allow_ops=allow_ops)
     finally:
         if torch.get_num_threads() != before:
             torch.set_num_threads(before)
@@ -410,14 +489,14 @@ def _replay(plan: Plan, kind: str, source: str | os.PathLike, out_dir: str | os.
             prog: Progress, *, iters: int, warmup: int, force: bool, op_iters: int | None,
             seed: int, timing: str = "auto", half_width: float = DEFAULT_HALF_WIDTH,
             time_cap: float = DEFAULT_TIME_CAP_S, pacing: str = "none",
-            threads_asked: int | None = None) -> tuple[dict[str, Any], Any]:
+            threads_asked: int | None = None, allow_ops: Sequence[str] = ()) -> tuple[dict[str, Any], Any]:
     import torch
 
     from ..results import write_csv
 
     subject = subject_of(plan, source, kind)
     n_ext = len(plan.data.get("inputs", []))
-    e = make_executor(plan, target.device, seed=seed, pacing=pacing)
+    e = make_executor(plan, target.device, seed=seed, pacing=pacing, allow_ops=allow_ops)
     prog.note(f"{len(plan.ops)} ops, {n_ext} input tensors materialised; peak memory "
               f"{e.peak_bytes() / 2**20:.1f} MiB; probing")
     e.probe()
@@ -479,7 +558,14 @@ def _replay(plan: Plan, kind: str, source: str | os.PathLike, out_dir: str | os.
     summary = summarize(plan, e, step_times, target.device, paired=paired, timing=stats,
                         op_error=fid.op_errors(plan, e, op_times, device=target.device),
                         device_name=target.info().name)
-    df = _results(summary, e, plan, target.device, subject, target, iters, warmup, seed)
+    df = _results(summary, e, plan, target.device, subject, target, iters, warmup, seed,
+                  reproduce=reproduce_command(source, target.device, seed, iters=iters, warmup=warmup,
+                                              timing=timing if timing != "auto" else None,
+                                              pacing=pacing if pacing != "none" else None,
+                                              threads=threads_asked,
+                                              half_width=half_width if half_width != DEFAULT_HALF_WIDTH else None,
+                                              time_cap=time_cap if time_cap != DEFAULT_TIME_CAP_S else None,
+                                              allow_ops=list(allow_ops)))
     with staged_output_dir(out_dir, force) as stage:
         atomic_write_text(stage / "ops.csv", ops_csv_text(plan, e, op_times, target.device))
         atomic_write_text(stage / "summary.json", json.dumps(summary, indent=2, allow_nan=False) + "\n")
