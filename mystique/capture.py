@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import platform
 import re
@@ -130,7 +131,25 @@ def time_step(step: Callable[[], Any], target: Target, *, warmup: int, iters: in
         "iqr_ms": q[2] - q[0],
         "stdev_ms": statistics.stdev(times) if len(times) > 1 else 0.0,
         "times_ms": times,
+        **step_spread(statistics.median(times), q[2] - q[0], iters),
     }
+
+
+#: the widest spread (IQR over median) of the uninstrumented step times that still makes a reference:
+#: a replay is judged against a ±10% band (fidelity.RATIO_LOW/HIGH), so a reference that itself moves
+#: by more than 10% could pass or fail a faithful replay by chance
+STEP_SPREAD_MAX = 0.10
+
+
+def step_spread(median_ms: float, iqr_ms: float, iters: int) -> dict[str, Any]:
+    """``spread`` (IQR / median), ``too_noisy`` (over :data:`STEP_SPREAD_MAX`) and the ``reason``."""
+    spread = iqr_ms / median_ms if median_ms > 0 else float("inf")
+    noisy = not spread <= STEP_SPREAD_MAX
+    reason = (f"IQR/median {spread:.1%} of {iters} steps is over {STEP_SPREAD_MAX:.0%}: the replay is judged "
+              f"against a ±10% band, so a reference this noisy could decide it by chance (rerun on a quieter host "
+              f"or with more --steps)" if noisy else
+              f"IQR/median {spread:.1%} of {iters} steps is within {STEP_SPREAD_MAX:.0%}")
+    return {"spread": spread if math.isfinite(spread) else None, "too_noisy": noisy, "reason": reason}
 
 
 def record_step(step: Callable[[], Any], target: Target, trace_path: Path, kineto_path: Path) -> None:
@@ -195,6 +214,19 @@ def _trace_counts(trace_path: Path) -> dict[str, Any]:
     }
 
 
+class _Rows:
+    """Results whose every row's detail ends with ``reproduce: <command>``."""
+
+    def __init__(self, res: Results, command: str):
+        self.res, self.command = res, command
+
+    def add(self, *args: Any, detail: str = "", **kw: Any) -> None:
+        self.res.add(*args, detail=(f"{detail}; " if detail else "") + f"reproduce: {self.command}", **kw)
+
+    def frame(self) -> Any:
+        return self.res.frame()
+
+
 def capture(
     target_name: str,
     out_dir: str | os.PathLike,
@@ -247,11 +279,20 @@ def capture(
             "trace": {k: v for k, v in counts.items() if k != "op_names"},
         }
         atomic_write_text(stage / CAPTURE_FILE, json.dumps(meta, indent=2, default=str) + "\n")
-        res = Results(ctx, "capture")
+        repro = (f"mystique capture {target_name} -o OUT --config {config} --mode {mode} --device {device} "
+                 f"--dtype {dtype} --steps {steps} --warmup {warmup} --seed {seed}")
+        res = _Rows(Results(ctx, "capture"), repro)
         subject = f"{target_name}/{config}/{mode}" if described["kind"] == "workload" else target_name
         dt = meta["dtype"] or ""
         res.add("uninstrumented_step_time", subject, "median_ms", timing["median_ms"], unit="ms", status="info",
                 dtype=dt, detail=f"{steps} steps after {warmup} warm-up; IQR {timing['iqr_ms']:.3f} ms; seed {seed}")
+        spread = timing["spread"]
+        # A measurement that flags, not a check: the replay's verdict comes from paired rounds against the
+        # rebuilt step (mystique.replay.fidelity); a recorded ratio is never a verdict. capture.json says so too.
+        res.add("original_step_spread", subject, "iqr_over_median", spread, threshold=STEP_SPREAD_MAX, dtype=dt,
+                status="info",
+                detail=("TOO NOISY to be a reference: " if timing["too_noisy"] else "a usable reference: ")
+                + timing["reason"] + f"; a reference needs at most {STEP_SPREAD_MAX:.0%}")
         ok = counts["aten_ops"] > 0
         res.add("trace_recorded", subject, "aten_ops", counts["aten_ops"], status="pass" if ok else "fail",
                 dtype=dt, threshold=1,

@@ -43,9 +43,14 @@ def test_user_step_capture_writes_the_trace_dir(tmp_path):
     et_rf = {a["value"] for n in et["nodes"] for a in n.get("attrs", []) if a["name"] == "rf_id"}
     assert len(kin_rf & et_rf) > 10
     df = results.read_csv(out / "results.csv")
-    assert set(df["check"]) == {"uninstrumented_step_time", "trace_recorded"}
+    assert set(df["check"]) == {"uninstrumented_step_time", "original_step_spread", "trace_recorded"}
     status = dict(zip(df["check"], df["status"]))
-    assert status == {"uninstrumented_step_time": "info", "trace_recorded": "pass"}  # a time is a measurement
+    assert status == {"uninstrumented_step_time": "info", "original_step_spread": "info",
+                      "trace_recorded": "pass"}  # a time and its spread are measurements
+    flagged = df.set_index("check").loc["original_step_spread", "detail"].startswith("TOO NOISY")
+    assert flagged == st["too_noisy"]  # the row agrees with capture.json
+    cmd = "reproduce: mystique capture user_steps:tiny_mlp -o OUT --config debug --mode train --device cpu"
+    assert all(cmd in d and d.endswith("--steps 3 --warmup 1 --seed 0") for d in df["detail"])
 
 
 def test_the_captured_step_is_rebuilt_from_what_the_plan_keeps_of_capture_json(tmp_path):
@@ -159,3 +164,39 @@ def test_existing_output_is_kept_without_force(tmp_path, cli_run):
     rc, _, stderr = cli_run("capture", "user_steps:tiny_mlp", "-o", str(out))
     assert rc == 2 and "--force" in stderr
     assert (out / "trace.json.gz").read_text() == "user's own"
+
+
+def test_a_step_time_too_noisy_to_be_a_reference_is_flagged(tmp_path, monkeypatch):
+    """Issue 19.6: an original step time whose IQR is over 10% of its median is no reference."""
+    import mystique.capture as cap
+
+    times = iter([1.0, 1.0, 1.5, 1.0, 2.0, 1.0] * 10)
+    clock = [0.0]
+
+    def fake_counter():
+        return clock[0]
+
+    def step():
+        clock[0] += next(times) / 1e3
+
+    monkeypatch.setattr(cap.time, "perf_counter", fake_counter)
+
+    class T:
+        def synchronize(self):
+            pass
+
+    noisy = cap.time_step(step, T(), warmup=0, iters=6)
+    assert noisy["too_noisy"] is True and noisy["spread"] > cap.STEP_SPREAD_MAX == 0.10
+    assert "over 10%" in noisy["reason"] and "±10% band" in noisy["reason"]
+    quiet = cap.step_spread(10.0, 0.5, 5)
+    assert quiet["too_noisy"] is False and quiet["spread"] == 0.05
+    assert cap.step_spread(10.0, 1.0, 5)["too_noisy"] is False  # at the limit: still a reference
+    monkeypatch.undo()
+    real = cap.time_step
+    monkeypatch.setattr(cap, "time_step", lambda *a, **k: {**real(*a, **k), **cap.step_spread(1.0, 0.5, 3)})
+    out = capture("user_steps:tiny_mlp", tmp_path / "t", steps=3, warmup=0)
+    meta = json.loads((out / "capture.json").read_text())
+    assert meta["step_time"]["too_noisy"] is True and "over 10%" in meta["step_time"]["reason"]
+    row = results.read_csv(out / "results.csv").set_index("check").loc["original_step_spread"]
+    assert row["status"] == "info" and row["threshold"] == 0.10 and row["value"] == 0.5
+    assert row["detail"].startswith("TOO NOISY to be a reference") and "at most 10%" in row["detail"]

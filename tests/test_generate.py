@@ -176,6 +176,11 @@ def test_keep_drop_dtype_and_device_transformations(tower_trace, tmp_path, cli_r
     assert cli_run("-q", "generate", str(tower_trace), "-o", str(kept), "--keep", "linear|addmm")[0] == 0
     plan = json.loads((kept / "benchmark.json").read_text())
     assert plan["ops"] and all("linear" in op["name"] or "addmm" in op["name"] for op in plan["ops"])
+    # the trace's op count before the filter stays, for coverage against the original (issue 19.1)
+    meta = plan["metadata"]
+    assert meta["original_ops_total"] > meta["ops_total"] == len(plan["ops"])
+    assert meta["transforms"] == [{"filter": {"keep": "linear|addmm", "drop": None,
+                                              "ops_before": meta["original_ops_total"], "ops_after": len(plan["ops"])}}]
     assert all(t["source"] in ("external", "output", "derived", "unused") for t in plan["tensors"])
     e = ex.Executor(plan, "cpu")
     e.probe()

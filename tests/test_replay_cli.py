@@ -668,3 +668,159 @@ def test_a_step_that_cannot_be_rebuilt_falls_back_to_recorded_timing(tmp_path, c
     assert "cannot rebuild flaky_steps:step: ValueError: the dataset is gone" in s["timing"]["why_not_paired"]
     code, _, err = cli_run("-q", "replay", str(cap), "-o", str(tmp_path / "r2"), "--timing", "paired")
     assert code == 2 and "--timing paired: cannot rebuild" in err
+
+
+# --- issue 19: rows that tell the truth ------------------------------------------------------------
+
+def _row(out: Path, check: str, metric: str):
+    from mystique.results import read_csv
+
+    return read_csv(out / "results.csv").set_index(["check", "metric"]).loc[(check, metric)]
+
+
+def test_a_filtered_benchmark_reports_coverage_of_the_original_and_no_comparable_ratio(trace_dir, tmp_path,
+                                                                                       cli_run):
+    bench, out = tmp_path / "b", tmp_path / "r"
+    assert cli_run("-q", "generate", str(trace_dir), "-o", str(bench), "--drop", "aten::item")[0] == 0
+    meta = json.loads((bench / "benchmark.json").read_text())["metadata"]
+    assert meta["original_ops_total"] > meta["ops_total"]
+    assert meta["transforms"][0]["filter"]["ops_before"] == meta["original_ops_total"]
+    cli_run("-q", "replay", str(bench), "-o", str(out), "--iters", "2", "--warmup", "0")
+    s = json.loads((out / "summary.json").read_text())
+    # the filtered plan replays every op it kept, but not the ops of the trace it was cut from
+    assert s["coverage"] == pytest.approx(s["ops_replayed"] / meta["original_ops_total"]) and s["coverage"] < 1.0
+    cov = _row(out, "replay_coverage", "coverage")
+    assert cov["status"] == "fail" and cov["value"] < 1.0 and "removed by generate (filtered)" in cov["detail"]
+    by_time = _row(out, "replay_coverage_by_time", "coverage_by_time")
+    assert by_time["status"] == "info" and "not the original's" in by_time["detail"]
+    # its step time is another workload's: no ratio, and the row says why
+    assert s["ratio"] is None and s["recorded_ratio"] is not None
+    ratio = _row(out, "replay_step_time_ratio", "ratio")
+    assert ratio["status"] in ("skip", "info") and "not comparable: the plan was filtered" in ratio["detail"]
+
+
+def test_a_replay_on_another_device_model_is_a_cross_device_comparison(trace_dir, tmp_path, cli_run):
+    import shutil
+
+    cap = tmp_path / "cap"
+    shutil.copytree(trace_dir, cap)
+    meta = json.loads((cap / "capture.json").read_text())
+    meta["device_name"] = "Some Other CPU 9000"
+    (cap / "capture.json").write_text(json.dumps(meta))
+    out = tmp_path / "r"
+    cli_run("-q", "replay", str(cap), "-o", str(out), "--timing", "recorded", "--iters", "2", "--warmup", "0")
+    s = json.loads((out / "summary.json").read_text())
+    assert s["cross_device"] is True
+    row = _row(out, "replay_step_time_ratio", "ratio")
+    assert row["status"] != "pass" and row["detail"].startswith("cross-device comparison: captured on Some Other")
+    assert "no fidelity claimed" in row["detail"]
+
+
+def test_every_replay_row_ends_with_the_command_that_reproduces_it(trace_dir, tmp_path, cli_run):
+    from mystique.results import read_csv
+
+    out = tmp_path / "r"
+    cli_run("-q", "replay", str(trace_dir), "-o", str(out), "--timing", "recorded", "--iters", "2", "--warmup", "0",
+            "--seed", "3")
+    df = read_csv(out / "results.csv")
+    want = f"reproduce: mystique replay {trace_dir} -o OUT --device cpu --seed 3 --iters 2 --warmup 0 --timing recorded"
+    assert len(df) and all(d.endswith(want) for d in df["detail"]), list(df["detail"])
+
+
+class _St:
+    def __init__(self, state: str, fallbacks: int = 0):
+        self.state, self.fallbacks, self.reason, self.name = state, fallbacks, "", "aten::x"
+
+
+class _Exec:
+    def __init__(self, states, view_fallbacks=0):
+        self.status = states
+        self._fallbacks = view_fallbacks
+
+    def counts(self):
+        skipped, reasons = {}, {}
+        for st in self.status:
+            if st.state.startswith("skipped"):
+                skipped[st.name] = skipped.get(st.name, 0) + 1
+                reasons[st.name] = st.reason
+        replayed = sum(1 for st in self.status if not st.state.startswith("skipped"))
+        return {"total": len(self.status), "replayed": replayed,
+                "noop": sum(st.state == "noop" for st in self.status), "skipped": skipped, "reasons": reasons,
+                "fallbacks": sum(st.fallbacks for st in self.status) + self._fallbacks}
+
+    def peak_bytes(self):
+        return 0
+
+
+def _fake_states(replayed, noops, fallback_ops, collectives, missing):
+    states = [_St("replayed", 1 if i < fallback_ops else 0) for i in range(replayed)]
+    states += [_St("noop") for _ in range(noops)]
+    for _i in range(collectives):
+        st = _St("skipped")
+        st.name, st.reason = "record_param_comms", "collective"
+        states.append(st)
+    for _i in range(missing):
+        st = _St("skipped")
+        st.name, st.reason = "fbgemm::x", "custom op unavailable"
+        states.append(st)
+    return states
+
+
+def _results_of(states, view_fallbacks=0, filtered_out=0, summary_extra=None):
+    from mystique.replay.plan import plan_from_path
+    from mystique.replay.run import _results
+    from mystique.targets import make_target
+
+    plan, _ = plan_from_path(DATA / "pt2_et.json", None)
+    plan.metadata["original_ops_total"] = len(plan.ops) + filtered_out
+    plan.data["ops"] = plan.ops[:1] * len(states)
+    e = _Exec(states, view_fallbacks)
+    c = e.counts()
+    summary = {"coverage": c["replayed"] / (c["total"] + filtered_out) if c["total"] else 1.0,
+               "coverage_by_time": 1.0, "timing": {}, "lacks": [], "ratio_kind": None, "ratio": None,
+               "replay_step_ms": 1.0, "original_step_ms": None, "op_error": {}, "cross_device": False,
+               **(summary_extra or {})}
+    return _results(summary, e, plan, "cpu", "s", make_target("cpu"), 2, 0, 0)
+
+
+def _meets(direction, value, threshold):
+    from mystique.replay.run import RATIO_HIGH, RATIO_LOW
+
+    return {"min": value >= threshold, "max": value <= threshold, "band": RATIO_LOW <= value <= RATIO_HIGH}[direction]
+
+
+def test_coverage_below_its_threshold_never_reads_pass():
+    """Issue 19.3: 99 compute ops replayed and 1 collective skipped read `coverage 0.99, threshold 1.0, pass`."""
+    df = _results_of(_fake_states(99, 0, 0, 1, 0))
+    row = df.set_index("check").loc["replay_coverage"]
+    assert row["status"] == "pass" and row["value"] == 1.0 >= row["threshold"]  # the checked share: compute ops
+    assert "all ops 99/100 (0.990)" in row["detail"] and "1 collectives skipped" in row["detail"]
+
+
+def test_synthetic_outputs_over_one_percent_of_the_ops_fail():
+    ok = _results_of(_fake_states(200, 5, 2, 0, 0)).set_index("check").loc["replay_output_fallbacks"]
+    assert ok["status"] == "pass" and ok["threshold"] == 0.01 and ok["value"] == pytest.approx(2 / 205)
+    assert "5 no-op(s) counted apart" in ok["detail"] and "at most 1% of the replayed ops" in ok["detail"]
+    bad = _results_of(_fake_states(100, 0, 1, 0, 0), view_fallbacks=1).set_index("check").loc[
+        "replay_output_fallbacks"]
+    assert bad["status"] == "fail" and bad["value"] == pytest.approx(0.02)
+
+
+def test_a_row_that_passes_meets_its_threshold_property():
+    from hypothesis import given
+    from hypothesis import strategies as st
+
+    from mystique.replay.run import ROW_DIRECTIONS
+
+    @given(st.integers(0, 300), st.integers(0, 20), st.integers(0, 10), st.integers(0, 10), st.integers(0, 5),
+           st.integers(0, 3), st.integers(0, 50))
+    def check(replayed, noops, fallback_ops, collectives, missing, views, filtered_out):
+        states = _fake_states(replayed, noops, min(fallback_ops, replayed), collectives, missing)
+        if not states:
+            return
+        df = _results_of(states, views, filtered_out)
+        for r in df.itertuples():
+            if r.status == "pass" and r.check in ROW_DIRECTIONS and not math.isnan(r.threshold):
+                assert _meets(ROW_DIRECTIONS[r.check], r.value, r.threshold), r
+
+    check()
