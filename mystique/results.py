@@ -250,6 +250,21 @@ def counts(df: pd.DataFrame) -> Counts:
     )
 
 
+REPRODUCE = "reproduce:"
+
+
+def with_reproduce(df: pd.DataFrame, command: str) -> pd.DataFrame:
+    """``df`` with ``; reproduce: COMMAND`` ending the detail of every failed, errored or
+    inconclusive row that does not name its command yet (the report shows it as the reproduce line)."""
+    if not len(df):
+        return df
+    out = df.copy()
+    bad = out["status"].isin(BAD_STATUSES) & ~out["detail"].astype(str).str.contains(REPRODUCE, regex=False)
+    out.loc[bad, "detail"] = [f"{d}; {REPRODUCE} {command}" if d else f"{REPRODUCE} {command}"
+                              for d in out.loc[bad, "detail"]]
+    return out
+
+
 NOTHING_CHECKED = 3  # exit code of a run in which no row carries a verdict (every row skipped or info)
 
 

@@ -134,3 +134,27 @@ def test_write_is_atomic_and_keeps_old_file_on_failure(tmp_path):
         results.write_csv(bad, path)
     assert path.read_text() == "precious"
     assert [p.name for p in tmp_path.iterdir()] == ["results.csv"]
+
+
+def test_failed_rows_end_with_the_command_that_reproduces_them():
+    res = results.Results(CTX, "numerics")
+    res.add("a_check", "mm", "x", 2.0, threshold=1.0, status="fail", detail="seed=0")
+    res.add("b_check", "mm", "x", 0.5, threshold=1.0, status="pass", detail="seed=0")
+    res.add("c_check", "mm", "x", None, status="error", detail="boom; reproduce: mystique replay B -o OUT")
+    out = results.with_reproduce(res.frame(), "mystique validate numerics --seed 0 -o OUT")
+    assert list(out["detail"]) == ["seed=0; reproduce: mystique validate numerics --seed 0 -o OUT", "seed=0",
+                                   "boom; reproduce: mystique replay B -o OUT"]
+
+
+def test_the_cli_names_the_command_of_a_failed_row(tmp_path):
+    from mystique.cli import main
+
+    out = tmp_path / "o"
+    code = main(["-q", "validate", "numerics", "--inject", "wrong_gelu", "--group", "op_sweep", "--ops", "gelu",
+                 "--dtypes", "float32", "-o", str(out)])
+    df = results.read_csv(out / "results.csv")
+    failed = df[df["status"] == "fail"]
+    assert code == 1 and len(failed)
+    assert failed["detail"].str.endswith(
+        "reproduce: mystique validate numerics --inject wrong_gelu --dtypes float32 --group op_sweep --ops gelu -o OUT"
+    ).all()

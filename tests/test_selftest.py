@@ -44,11 +44,39 @@ def _selftest_passes(out: Path, *args: str) -> pd.DataFrame:
     return df
 
 
+# The README's table "Fault simulations": the checks it says catch each fault (suite.check prefixes).
+README_CLAIMS = {
+    "bitflip": ["numerics.componentwise_error", "numerics.normwise_error", "numerics.model_",
+                "soft_errors.sdc_screen", "correctness.first_divergent_op"],
+    "stuck_lane": ["numerics.normwise_error", "numerics.componentwise_error", "numerics.model_",
+                   "soft_errors.abft_gemm", "soft_errors.sdc_screen", "correctness.first_divergent_op"],
+    "truncating_casts": ["numerics.conversion_round_nearest_even", "numerics.conversion_near_tie",
+                         "numerics.overflow_to_inf", "soft_errors.detection_campaign"],
+    "low_precision_accum": ["numerics.accumulator_precision", "numerics.normwise_error",
+                            "numerics.componentwise_error", "soft_errors.sdc_screen"],
+    "subnormal_flush": ["numerics.subnormals", "numerics.conversion_"],
+    "wrong_gelu": ["numerics.max_ulp_error", "numerics.normwise_error", "correctness.first_divergent_op"],
+    "nondeterministic_reduction": ["numerics.repeatability", "soft_errors.sdc_screen",
+                                   "correctness.replay_repeatability"],
+}
+
+
+def _caught_by(detail: str) -> list[str]:
+    head = detail.split("; rows in")[0].removeprefix("caught by ")
+    return [item.rsplit(" x", 1)[0] for item in head.split("; ")]
+
+
 def test_selftest_under_the_cuda_emulation_passes_healthy_and_catches_every_fault(tmp_path: Path):
     """What the H100 of 2026-11-25 failed: 29 false failures. Under the emulation of its legal
-    differences the healthy run must show none, and every built-in fault must still be caught."""
+    differences the healthy run must show none, every built-in fault must still be caught, and each
+    by the checks the README names."""
     df = _selftest_passes(tmp_path / "st", "--device", "cpu", "--emulate", "cuda")
     assert (df["device"].str.contains(r"\[emulate=cuda\]")).all()
+    rows = df[df["check"] == "fault_caught"].set_index("subject")["detail"]
+    for fault, claims in README_CLAIMS.items():
+        caught = _caught_by(rows[fault])
+        missing = [c for c in claims if not any(name.startswith(c) for name in caught)]
+        assert not missing, f"{fault}: the README says {missing} catch it; caught by {caught}"
 
 
 @pytest.mark.slow

@@ -404,6 +404,18 @@ class CheckGroupItem(pytest.Item):
     def validator(self) -> str:
         return self.parent.validator
 
+    def reproduce(self, state: QualState) -> str:
+        """The ``mystique qualify`` command that runs this group alone on the same target and seed."""
+        import shlex
+
+        words = ["mystique", "qualify", "--device", state.device, "--level", state.level, "--seed", str(state.seed)]
+        if state.inject:
+            words += ["--inject", state.inject]
+        if state.emulate:
+            words += ["--emulate", state.emulate]
+        words += ["--validators", marker_name(self.validator), "-k", self.group, "-o", "OUT"]
+        return shlex.join(words)
+
     def _out_dir(self, state: QualState) -> Path:
         if state.artifacts_root is None:
             state.artifacts_root = Path(tempfile.mkdtemp(prefix="mystique-qualify-"))
@@ -425,7 +437,7 @@ class CheckGroupItem(pytest.Item):
         finally:
             _remove_empty_dirs(out_dir, stop=state.artifacts_root)
         try:
-            df = results.validate(df)
+            df = results.with_reproduce(results.validate(df), self.reproduce(state))
         except ValueError as exc:
             self._record_error(state, exc)
             raise QualificationFailure(

@@ -29,9 +29,31 @@ def run_validator(run: Callable[..., Any], output: str, force: bool, device: str
     check_output_dir(output, force)
     target = make_target(device, inject, emulate)
     with staged_output_dir(output, force) as stage:
-        df = run(target, out_dir=stage, **opts)
+        df = results.with_reproduce(run(target, out_dir=stage, **opts), this_command())
         results.write_csv(df, stage / "results.csv")
     return verdict(df, f"results in {output}/results.csv")
+
+
+def this_command() -> str:
+    """The command line of the running click command, options that differ from their defaults only,
+    the output folder as ``OUT`` (what a failure's reproduce line names)."""
+    import shlex
+
+    ctx = click.get_current_context()
+    words = ctx.command_path.split()
+    for p in ctx.command.params:
+        value = ctx.params.get(p.name)
+        if not isinstance(p, click.Option) or value in (None, False, (), "") or value == p.default:
+            continue
+        if p.name in ("output", "force"):
+            continue
+        opt = next((o for o in p.opts if o.startswith("--")), p.opts[0])
+        if p.is_flag:
+            words.append(opt)
+            continue
+        for v in value if isinstance(value, (tuple, list)) else (value,):
+            words += [opt, str(v)]
+    return shlex.join(words) + " -o OUT"
 
 
 def verdict(df: Any, where: str) -> int:
