@@ -1389,18 +1389,20 @@ class Executor:
     def _begin_iteration(self) -> None:
         self.vals[:] = self._blank
 
+    def _flat_results(self, res: Any, n: int) -> list[Any]:
+        """An op's results in output order; ``n`` Nones when they do not match its ``n`` recorded outputs."""
+        if n == 1 and isinstance(res, torch.Tensor):
+            return [res]
+        flat: list[Any] = []
+        self._flatten_result(res, flat)
+        return flat if len(flat) == n else [None] * n
+
     def _bind(self, c: _Compiled, res: Any, st: OpStatus, count: bool) -> None:
         """Bind an op's results to the recorded output ids used later (synthetic when they disagree)."""
         if not c.any_bind and not self.record_shapes:
             return
         outs = c.outputs
-        if len(outs) == 1 and isinstance(res, torch.Tensor):
-            flat = [res]
-        else:
-            flat = []
-            self._flatten_result(res, flat)
-            if len(flat) != len(outs):
-                flat = [None] * len(outs)
+        flat = self._flat_results(res, len(outs))
         vals = self.vals
         dts = self._dtypes
         shapes = self._shapes
@@ -1432,13 +1434,7 @@ class Executor:
         the recorded dtype and shape, else synthetic tensors (the compiled iteration's ``checked``)."""
         c = self._compiled[k]
         outs = c.outputs
-        if len(outs) == 1 and isinstance(res, torch.Tensor):
-            flat = [res]
-        else:
-            flat = []
-            self._flatten_result(res, flat)
-            if len(flat) != len(outs):
-                flat = [None] * len(outs)
+        flat = self._flat_results(res, len(outs))
         dts, shapes = self._dtypes, self._shapes
         out = []
         for tid, r, b in zip(outs, flat, c.bind):
