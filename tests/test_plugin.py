@@ -101,7 +101,8 @@ def test_failing_group_fails_with_its_rows_and_crash_is_an_error_row(qual):
     result.stdout.fnmatch_lines([
         "*1 of 1 checks of fakepkg.numerics::beta failed on cpu (seed 7):",
         "*fail beta_error_vs_fp64 [[]aten::mm, bfloat16[]]: max_rel_err = 0.5 vs threshold 0.01 -- seed 7, "
-        "shape 64x64 (device cpu)",
+        "shape 64x64 (device cpu); reproduce: mystique qualify --device cpu --level quick --seed 7 "
+        "--validators fakepkg.numerics -k beta -o OUT",
     ])
     result.stdout.fnmatch_lines(["*RuntimeError: validator crashed on purpose*"])
     result.stdout.fnmatch_lines(["SKIPPED*nothing to do here*"])

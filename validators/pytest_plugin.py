@@ -413,7 +413,7 @@ class CheckGroupItem(pytest.Item):
             words += ["--inject", state.inject]
         if state.emulate:
             words += ["--emulate", state.emulate]
-        words += ["--validators", marker_name(self.validator), "-k", self.group, "-o", "OUT"]
+        words += ["--validators", self.validator, "-k", self.group, "-o", "OUT"]
         return shlex.join(words)
 
     def _out_dir(self, state: QualState) -> Path:
