@@ -233,9 +233,9 @@ class Counts:
     @property
     def line(self) -> str:
         """``N checks, M failed, K measurements`` (with skips and inconclusive ones when any)."""
-        extra = "".join([f" ({self.inconclusive} inconclusive)" if self.inconclusive else ""])
+        inconclusive = f" ({self.inconclusive} inconclusive)" if self.inconclusive else ""
         skipped = f", {self.skipped} skipped" if self.skipped else ""
-        return f"{self.checks} checks, {self.failed} failed{extra}{skipped}, {self.measurements} measurements"
+        return f"{self.checks} checks, {self.failed} failed{inconclusive}{skipped}, {self.measurements} measurements"
 
 
 def counts(df: pd.DataFrame) -> Counts:

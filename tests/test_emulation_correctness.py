@@ -22,8 +22,8 @@ from mystique.validators import correctness
 from mystique.validators.correctness import benchmarks, engine, semantics
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from mystique.emulation import EmulationMode
 from mystique.emulation import embedding_bag as eb
+from mystique.emulation.mode import EmulationMode
 from mystique.targets import Target, make_target
 
 A = torch.ops.aten

@@ -19,7 +19,6 @@ from __future__ import annotations
 import ast
 import contextlib
 import functools
-import gc
 import gzip
 import io
 import json
@@ -37,6 +36,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from mystique.trace.loader import gc_paused
 
 HERE = Path(__file__).resolve().parent
 DATA = HERE / "data" / "traces"
@@ -859,17 +860,6 @@ def check_outcome(o: Outcome, out: Path) -> str:
     return ""
 
 
-@contextlib.contextmanager
-def _gc_paused():
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()
-
-
 def _reference_program() -> str:
     """The syntax tree of every benchmark.py: the replay engine and its main (plans differ only in data)."""
     from mystique.replay import executor
@@ -905,12 +895,12 @@ def one_case(seeds: Sequence[Seed], c: Chooser, tally: Tally | None = None,
     with tempfile.TemporaryDirectory(prefix="mystique-fuzz-") as tmp:
         folder = Path(tmp)
         t0 = time.perf_counter()
-        with _gc_paused():  # copying a seed builds 10^5 objects: collections would rescan them all
+        with gc_paused():  # copying a seed builds 10^5 objects: collections would rescan them all
             case, path = make_case(seeds, c, folder)
         case.draw = draw
         out = folder / "bench"
         outcome = run_generate(path, out, case.options)
-        with _gc_paused():
+        with gc_paused():
             problem = check_outcome(outcome, out)
         left = [p.name for p in folder.iterdir() if p.name not in (case.file_name, "bench", "tdir")]
         if not problem and left:

@@ -136,9 +136,9 @@ def selftest(output: str | os.PathLike, *, device: str = "cpu", emulate: str | N
         results.write_csv(df, stage / "results.csv")
         from mystique.reports import render_report
 
-        render_report([str(stage / "results.csv"), str(stage / HEALTHY / "results.csv")]
-                      if (stage / HEALTHY / "results.csv").exists() else [str(stage / "results.csv")],
-                      str(stage / "report.html"), title=f"Mystique Suite self-test on {target.label}")
+        tables = [p for p in (stage / "results.csv", stage / HEALTHY / "results.csv") if p.exists()]
+        render_report([str(p) for p in tables], str(stage / "report.html"),
+                      title=f"Mystique Suite self-test on {target.label}")
     return results.exit_code(df), df
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import click
 
+from ..emulation import PROFILES_HELP
+
 DTYPES = ("float32", "bfloat16", "float16", "float64")
 
 output_dir = click.option(
@@ -22,7 +24,7 @@ inject = click.option(
     "NAME[:k=v,...] (see `mystique faults`) or package.module:factory.",
 )
 emulate = click.option(
-    "--emulate", default=None, metavar="PROFILE", type=click.Choice(("cuda",)),
+    "--emulate", default=None, metavar="PROFILE", type=click.Choice(sorted(PROFILES_HELP)),
     help="Run the device under test as an emulated foreign device: its legal numerics differences "
     "(summation orders, missing kernels, backend-specific outputs, autocast policy, TF32) "
     "reproduced on this one. A healthy run must still pass; for testing the suite without the hardware.",

@@ -51,84 +51,35 @@ PROFILES_HELP: dict[str, str] = {
 }
 
 
-def _base_name(func: Any) -> str:
-    name = getattr(func, "__name__", str(func))  # e.g. "cumsum.default"
-    return name.split(".")[0]
-
-
 def differences(profile: str) -> list[Difference]:
     """The differences of ``profile`` (UsageError for an unknown profile)."""
     if profile not in PROFILES_HELP:
         raise UsageError(f"unknown --emulate profile {profile!r}; known: {', '.join(sorted(PROFILES_HELP))}")
     found: list[Difference] = []
-    for name in _MODULES:
-        try:
-            mod = importlib.import_module(f"{__name__}.{name}")
-        except ModuleNotFoundError as exc:  # a difference module not written yet
-            if exc.name != f"{__name__}.{name}":
-                raise
-            continue
-        found.extend(d for d in getattr(mod, "DIFFERENCES", ()) if profile in d.profiles)
+    for name in _MODULES:  # imported here: they import torch, and Difference from this module
+        mod = importlib.import_module(f"{__name__}.{name}")
+        found.extend(d for d in mod.DIFFERENCES if profile in d.profiles)
     return found
 
 
 def make_mode(profile: str) -> Any:
-    """A fresh :class:`EmulationMode` of ``profile``."""
+    """A fresh :class:`~.mode.EmulationMode` of ``profile``."""
+    from .mode import EmulationMode
+
     return EmulationMode(profile, differences(profile))
 
 
-def _mode_base() -> type:
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    return TorchDispatchMode
-
-
-def _build_mode_class() -> type:
-    base = _mode_base()
-
-    class _EmulationMode(base):  # type: ignore[misc, valid-type]
-        """Dispatch every op; the first difference that claims it computes it, else the host does."""
-
-        def __init__(self, profile: str, diffs: list[Difference]):
-            super().__init__()
-            self.profile = profile
-            self.differences = list(diffs)
-            self._by_op: dict[str, list[Difference]] = {}
-            for d in self.differences:
-                for op in d.ops:
-                    self._by_op.setdefault(op, []).append(d)
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            kwargs = kwargs or {}
-            for d in self._by_op.get(_base_name(func), ()):
-                out = d.run(func, args, kwargs)
-                if out is not PASS:
-                    return out
-            return func(*args, **kwargs)
-
-    _EmulationMode.__name__ = _EmulationMode.__qualname__ = "EmulationMode"
-    return _EmulationMode
-
-
-_MODE_CLASS: type | None = None
-
-
-def EmulationMode(profile: str, diffs: list[Difference]) -> Any:  # noqa: N802 (a class, built lazily)
-    global _MODE_CLASS
-    if _MODE_CLASS is None:
-        _MODE_CLASS = _build_mode_class()
-    return _MODE_CLASS(profile, diffs)
-
-
 def active_profile() -> str | None:
-    """The profile of the innermost active :class:`EmulationMode`, or None.
+    """The profile of the innermost active :class:`~.mode.EmulationMode`, or None.
 
     Validators ask this where a foreign device's behaviour is a *query*, not an op (``may this
     device use TF32?``, ``does this SDPA backend have a kernel for fp32?``).
     """
     from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
+    from .mode import EmulationMode
+
     for mode in reversed(_get_current_dispatch_mode_stack()):
-        if _MODE_CLASS is not None and isinstance(mode, _MODE_CLASS):
+        if isinstance(mode, EmulationMode):
             return mode.profile
     return None

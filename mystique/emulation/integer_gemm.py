@@ -35,6 +35,7 @@ from typing import Any
 
 import torch
 
+from ..fault_modes import op_name
 from . import PASS, Difference
 
 _DTYPE_NAMES: dict[torch.dtype, str] = {
@@ -49,10 +50,6 @@ _KERNELS: dict[str, tuple[str, str]] = {
     "dot": ("self", "dot"), "vdot": ("self", "dot"),
 }
 _HALF = (torch.float16, torch.bfloat16)
-
-
-def _base(func: Any) -> str:
-    return getattr(func, "__name__", str(func)).split(".")[0]  # "mm.dtype" -> "mm"
 
 
 def _bind(func: Any, args: tuple, kwargs: dict) -> dict[str, Any]:
@@ -91,7 +88,7 @@ def _reaches_dispatch(name: str, a: dict[str, Any]) -> bool:
 
 
 def _integer_gemm(func: Any, args: tuple, kwargs: dict) -> Any:
-    name = _base(func)
+    name = op_name(func)
     which, kernel = _KERNELS[name]
     a = _bind(func, args, kwargs)
     t = a.get(which)
@@ -128,7 +125,7 @@ def _half_fp32_output(func: Any, args: tuple, kwargs: dict) -> Any:
     overload = getattr(func, "_overloadname", "")
     if overload not in ("dtype", "dtype_out"):
         return PASS
-    name = _base(func)
+    name = op_name(func)
     a = _bind(func, args, kwargs)
     first, second = {"mm": ("self", "mat2"), "bmm": ("self", "mat2"), "addmm": ("mat1", "mat2"),
                      "baddbmm": ("batch1", "batch2")}[name]

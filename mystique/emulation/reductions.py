@@ -19,6 +19,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+from ..fault_modes import base_name, op_name
 from . import PASS, Difference
 
 Combine = Callable[[Any, Any], Any]
@@ -347,7 +348,7 @@ DIFFERENCES = [
                    "ScanUtils.cuh (scan_dim, tensor_kernel_scan_innermost_dim / _outer_dim); observed on an H100 "
                    "(evidence h100-2026-11-25: cumsum/rows_1024)",
         ops=frozenset({"cumsum", "cumsum_", "cumprod", "cumprod_"}),
-        run=lambda func, args, kwargs: _SCANS[func.__name__.split(".")[0].rstrip("_")](func, args, kwargs),
+        run=lambda func, args, kwargs: _SCANS[base_name(func)](func, args, kwargs),
     ),
     Difference(
         name="reduce_tree_order",
@@ -356,7 +357,7 @@ DIFFERENCES = [
         documented=_SRC + "Reduce.cuh (ReduceConfig, input_vectorized_thread_reduce_impl, block_x_reduce), "
                    "ReduceSumProdKernel.cu, ReduceMomentKernel.cu (MeanOps)",
         ops=frozenset({"sum", "mean"}),
-        run=lambda func, args, kwargs: _REDUCES[func.__name__.split(".")[0]](func, args, kwargs),
+        run=lambda func, args, kwargs: _REDUCES[op_name(func)](func, args, kwargs),
     ),
     Difference(
         name="softmax_tree_order",
@@ -364,7 +365,7 @@ DIFFERENCES = [
         documented=_SRC + "SoftMax.cu (host_softmax, dispatch_softmax_forward, cunn_SoftMaxForward), "
                    "PersistentSoftmax.cuh (warp_reduce)",
         ops=frozenset({"_softmax", "_log_softmax"}),
-        run=lambda func, args, kwargs: _SOFTMAX[func.__name__.split(".")[0]](func, args, kwargs),
+        run=lambda func, args, kwargs: _SOFTMAX[op_name(func)](func, args, kwargs),
     ),
     Difference(
         name="layer_norm_welford",

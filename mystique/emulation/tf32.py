@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..fault_modes import op_name
 from . import PASS, Difference
 
 # aten base name -> the schema arguments that are matrix operands of the product
@@ -70,18 +71,14 @@ def _tf32_operands(func: Any, args: tuple, kwargs: dict, names: tuple[str, str])
 def _gemm(func: Any, args: tuple, kwargs: dict) -> Any:
     if not matmul_tf32_allowed():
         return PASS
-    from . import _base_name
-
-    names = _GEMM_OPERANDS.get(_base_name(func))
+    names = _GEMM_OPERANDS.get(op_name(func))
     return PASS if names is None else _tf32_operands(func, args, kwargs, names)
 
 
 def _conv(func: Any, args: tuple, kwargs: dict) -> Any:
     if not conv_tf32_allowed():
         return PASS
-    from . import _base_name
-
-    names = _CONV_OPERANDS.get(_base_name(func))
+    names = _CONV_OPERANDS.get(op_name(func))
     return PASS if names is None else _tf32_operands(func, args, kwargs, names)
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import re
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -236,6 +236,17 @@ def _rescale_sizes(values: list[Any], ref_shape: list[int] | None, b: int, nb: i
     return out
 
 
+
+def _called_ops(ops: list[dict[str, Any]]) -> Iterator[tuple[dict[str, Any], Any]]:
+    """The plan's called ops with a schema that parses, each with its parsed schema."""
+    for op in ops:
+        if op["action"] != "call" or not op.get("schema"):
+            continue
+        try:
+            yield op, ex.parse_schema(op["schema"])
+        except ValueError:
+            continue
+
 def rescale_batch(plan: Plan, factor: float, allow_ops: Sequence[str] = ()) -> Plan:
     """Scale the batch dimension by ``factor`` (UsageError when no consistent rescale exists).
 
@@ -271,13 +282,7 @@ def rescale_batch(plan: Plan, factor: float, allow_ops: Sequence[str] = ()) -> P
             if shape != t["shape"]:
                 t["strides"] = _dense_like(t["shape"], t.get("strides"), shape)
                 t["shape"] = shape
-    for op in new.ops:
-        if op["action"] != "call" or not op.get("schema"):
-            continue
-        try:
-            sch = ex.parse_schema(op["schema"])
-        except ValueError:
-            continue
+    for op, sch in _called_ops(new.ops):
         ins = ex.op_input_ids(op)
         ref = tensors[ins[0]]["shape"] if ins else None
         pos = [a for a in sch.args if not a.kwarg_only]
@@ -325,13 +330,7 @@ def _rescale_offsets(plan: Plan) -> None:
         return enc["t"] if isinstance(enc, dict) and "t" in enc else None
 
     segments: dict[int, list[list[Any]]] = {}
-    for op in plan.ops:
-        if op["action"] != "call" or not op.get("schema"):
-            continue
-        try:
-            sch = ex.parse_schema(op["schema"])
-        except ValueError:
-            continue
+    for op, sch in _called_ops(plan.ops):
         if f"{sch.namespace}::{sch.name}" not in _EMBEDDING_BAG_OPS:
             continue
         named = _named_args(sch, op)
