@@ -17,12 +17,14 @@ path, and nothing is moved.
 from __future__ import annotations
 
 import contextlib
+import csv
+import io
 import json
 import os
 import shutil
 import stat
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path, PurePosixPath
 
 from .errors import UsageError
@@ -96,6 +98,24 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
     return atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def csv_text(columns: Sequence[str], rows: Iterable[Sequence[object] | Mapping[str, object]]) -> str:
+    """CSV text (``\\n`` line ends) with header ``columns``: the one writer of every table the suite
+    writes besides results.csv (:func:`mystique.results.to_csv_text`). A row is a sequence in
+    column order or a mapping (keys outside ``columns`` ignored, missing ones empty)."""
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(columns)
+    for row in rows:
+        w.writerow([row.get(c, "") for c in columns] if isinstance(row, Mapping) else row)
+    return buf.getvalue()
+
+
+def write_csv(path: str | os.PathLike, columns: Sequence[str],
+              rows: Iterable[Sequence[object] | Mapping[str, object]]) -> Path:
+    """:func:`csv_text` written atomically to ``path``."""
+    return atomic_write_text(path, csv_text(columns, rows))
 
 
 def check_output_dir(out_dir: str | os.PathLike, force: bool = False) -> Path:
