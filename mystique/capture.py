@@ -1,6 +1,6 @@
 """Capture: time a workload step uninstrumented, then record one step as an execution trace.
 
-``capture(target, out_dir, ...)`` writes the trace dir of DESIGN.md:
+``capture(target, out_dir, ...)`` writes the trace dir of docs/design.md:
 
 - ``trace.json.gz``: the PyTorch Execution Trace exactly as ``ExecutionTraceObserver`` wrote it
   (integral tensor ranges recorded), one ``ProfilerStep#N`` holding the recorded step;
@@ -10,12 +10,14 @@
 - ``results.csv``: the capture suite's rows (step time, trace size).
 
 TARGET is a built-in workload name (``mystique.workloads.names()``) or ``package.module:function``
-naming a function of no arguments that returns a callable doing one step.
+naming a function of no arguments that returns a callable doing one step. How the step is built
+and timed: :class:`CaptureOptions` (shared with the multi-rank capture, :mod:`mystique.distributed`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import gzip
 import json
 import math
 import os
@@ -26,10 +28,14 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, is_dataclass
+from dataclasses import asdict, dataclass, is_dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
+from torch.profiler import ExecutionTraceObserver, ProfilerActivity, profile, schedule
+
+from . import workloads
 from .errors import EnvironmentUnsupported, UsageError
 from .io import atomic_write_text, check_output_dir, staged_output_dir
 from .progress import Progress
@@ -45,35 +51,56 @@ _USER_TARGET = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$")
 _DTYPES = ("float32", "bfloat16", "float16", "float64")
 
 
+@dataclass(frozen=True)
+class CaptureOptions:
+    """How a capture builds and times the step: the workload's named size and mode, the device and
+    dtype, ``steps`` timed uninstrumented steps after ``warmup``, the seed of weights and batch."""
+
+    config: str = "debug"
+    mode: str = "train"
+    device: str = "cpu"
+    dtype: str = "float32"
+    steps: int = 5
+    warmup: int = 2
+    seed: int = 0
+
+    def check(self) -> None:
+        """UsageError for an unknown mode or too few steps."""
+        if self.mode not in ("train", "infer"):
+            raise UsageError(f"unknown mode {self.mode!r}; expected train or infer")
+        if self.steps < 1 or self.warmup < 0:
+            raise UsageError("--steps must be at least 1 and --warmup at least 0")
+
+
+def workload_step(target: str, *, config: str, mode: str, device: str, dtype: str, seed: int) -> tuple[Any, dict[str, Any]]:
+    """The built-in workload's step (a :mod:`mystique.workloads` step: ``fn``, ``model``, ``batch``...)
+    and its description for ``capture.json``."""
+    try:
+        step = workloads.make_step(target, config, mode, device=device, dtype=getattr(torch, dtype), seed=seed)
+    except workloads.WorkloadTooLarge as exc:
+        raise EnvironmentUnsupported(str(exc)) from exc
+    except ValueError as exc:
+        raise UsageError(str(exc)) from exc
+    cfg = step.config
+    return step, {
+        "kind": "workload",
+        "workload": target,
+        "config": config,
+        "config_values": asdict(cfg) if is_dataclass(cfg) else repr(cfg),
+        "mode": mode,
+        "batch": {k: list(v.shape) for k, v in step.batch.items()},
+    }
+
+
 def resolve_step(
     target: str, *, config: str, mode: str, device: str, dtype: str, seed: int
 ) -> tuple[Callable[[], Any], dict[str, Any]]:
     """Return the step callable for TARGET and a description of it for ``capture.json``."""
-    import torch
-
-    from . import workloads
-
     if dtype not in _DTYPES:
         raise UsageError(f"unknown dtype {dtype!r}; expected one of {', '.join(_DTYPES)}")
     if target in workloads.names():
-        try:
-            step = workloads.make_step(
-                target, config, mode, device=device, dtype=getattr(torch, dtype), seed=seed
-            )
-        except workloads.WorkloadTooLarge as exc:
-            raise EnvironmentUnsupported(str(exc)) from exc
-        except ValueError as exc:
-            raise UsageError(str(exc)) from exc
-        cfg = step.config
-        described = asdict(cfg) if is_dataclass(cfg) else repr(cfg)
-        return step.fn, {
-            "kind": "workload",
-            "workload": target,
-            "config": config,
-            "config_values": described,
-            "mode": mode,
-            "batch": {k: list(v.shape) for k, v in step.batch.items()},
-        }
+        step, described = workload_step(target, config=config, mode=mode, device=device, dtype=dtype, seed=seed)
+        return step.fn, described
     if not _USER_TARGET.match(target):
         raise UsageError(
             f"unknown capture target {target!r}; expected one of {', '.join(workloads.names())} "
@@ -158,9 +185,6 @@ def record_step(step: Callable[[], Any], target: Target, trace_path: Path, kinet
     The profiler schedule runs one warm-up step (profiler started, nothing kept), then one active
     step, so the ET holds exactly one ``ProfilerStep#N``.
     """
-    import torch
-    from torch.profiler import ExecutionTraceObserver, ProfilerActivity
-
     os.environ["ENABLE_PYTORCH_EXECUTION_TRACE_SAVE_INTEGRAL_TENSOR_RANGE"] = "1"
     activities = [ProfilerActivity.CPU]
     if target.torch_device.type == "cuda" and torch.cuda.is_available():
@@ -181,8 +205,6 @@ def record_step(step: Callable[[], Any], target: Target, trace_path: Path, kinet
 
 
 def _profile_two_steps(step, target, et, activities, on_ready) -> None:
-    from torch.profiler import profile, schedule
-
     try:
         with profile(
             activities=activities,
@@ -199,9 +221,8 @@ def _profile_two_steps(step, target, et, activities, on_ready) -> None:
         et.unregister_callback()
 
 
-def _trace_counts(trace_path: Path) -> dict[str, Any]:
-    import gzip
-
+def trace_counts(trace_path: Path) -> dict[str, Any]:
+    """The recorded ET's schema, node count, ``aten::`` op count and operator names."""
     opener = gzip.open if trace_path.suffix == ".gz" else open
     with opener(trace_path, "rt", encoding="utf-8") as fh:
         et = json.load(fh)
@@ -214,89 +235,77 @@ def _trace_counts(trace_path: Path) -> dict[str, Any]:
     }
 
 
-class _Rows:
-    """Results whose every row's detail ends with ``reproduce: <command>``."""
+def capture_meta(target_name: str, described: dict[str, Any], device: str, device_name: str, dtype: str,
+                 seed: int, timing: dict[str, Any], counts: dict[str, Any]) -> dict[str, Any]:
+    """The ``capture.json`` of a trace dir: what was captured, where, and its uninstrumented step time."""
+    return {
+        **CAPTURE_FORMAT,
+        "target": target_name,
+        **described,
+        "device": device,
+        "device_name": device_name,
+        "dtype": dtype if described["kind"] == "workload" else None,
+        "seed": seed,
+        "torch_version": torch.__version__,
+        "python": platform.python_version(),
+        "host": socket.gethostname(),
+        "argv": sys.argv,
+        "created_at": utc_now(),
+        "threads": torch.get_num_threads(),
+        "step_time": timing,
+        "files": {"trace": TRACE_FILE, "kineto": KINETO_FILE},
+        "trace": {k: v for k, v in counts.items() if k != "op_names"},
+    }
 
-    def __init__(self, res: Results, command: str):
-        self.res, self.command = res, command
 
-    def add(self, *args: Any, detail: str = "", **kw: Any) -> None:
-        self.res.add(*args, detail=(f"{detail}; " if detail else "") + f"reproduce: {self.command}", **kw)
+def capture(target_name: str, out_dir: str | os.PathLike, *, force: bool = False, **options: Any) -> Path:
+    """Capture TARGET into ``out_dir`` (see the module docstring); returns the folder.
 
-    def frame(self) -> Any:
-        return self.res.frame()
-
-
-def capture(
-    target_name: str,
-    out_dir: str | os.PathLike,
-    *,
-    config: str = "debug",
-    mode: str = "train",
-    device: str = "cpu",
-    dtype: str = "float32",
-    steps: int = 5,
-    warmup: int = 2,
-    seed: int = 0,
-    force: bool = False,
-) -> Path:
-    """Capture TARGET into ``out_dir`` (see the module docstring); returns the folder."""
-    import torch
-
-    if mode not in ("train", "infer"):
-        raise UsageError(f"unknown mode {mode!r}; expected train or infer")
-    if steps < 1 or warmup < 0:
-        raise UsageError("--steps must be at least 1 and --warmup at least 0")
+    ``options``: the fields of :class:`CaptureOptions` (``config``, ``mode``, ``device``, ``dtype``,
+    ``steps``, ``warmup``, ``seed``); ``force`` replaces an existing output folder's files.
+    """
+    o = CaptureOptions(**options)
+    o.check()
     check_output_dir(out_dir, force)
-    target = Target(check_device(device))
+    target = Target(check_device(o.device))
     progress = Progress("capture")
-    progress.note(f"building {target_name} ({config}, {mode}) on {device}")
-    step, described = resolve_step(target_name, config=config, mode=mode, device=device, dtype=dtype, seed=seed)
-    progress.note(f"timing {steps} uninstrumented steps after {warmup} warm-up")
-    timing = time_step(step, target, warmup=warmup, iters=steps, progress=progress)
+    progress.note(f"building {target_name} ({o.config}, {o.mode}) on {o.device}")
+    step, described = resolve_step(target_name, config=o.config, mode=o.mode, device=o.device, dtype=o.dtype,
+                                   seed=o.seed)
+    progress.note(f"timing {o.steps} uninstrumented steps after {o.warmup} warm-up")
+    timing = time_step(step, target, warmup=o.warmup, iters=o.steps, progress=progress)
     progress.note(f"step median {timing['median_ms']:.2f} ms; recording one step")
     info = target.info()
-    ctx = RunContext(device=device, device_name=info.name, torch_version=torch.__version__)
+    ctx = RunContext(device=o.device, device_name=info.name, torch_version=torch.__version__)
     with staged_output_dir(out_dir, force) as stage:
         record_step(step, target, stage / TRACE_FILE, stage / KINETO_FILE)
-        counts = _trace_counts(stage / TRACE_FILE)
-        meta = {
-            **CAPTURE_FORMAT,
-            "target": target_name,
-            **described,
-            "device": device,
-            "device_name": info.name,
-            "dtype": dtype if described["kind"] == "workload" else None,
-            "seed": seed,
-            "torch_version": torch.__version__,
-            "python": platform.python_version(),
-            "host": socket.gethostname(),
-            "argv": sys.argv,
-            "created_at": utc_now(),
-            "threads": torch.get_num_threads(),
-            "step_time": timing,
-            "files": {"trace": TRACE_FILE, "kineto": KINETO_FILE},
-            "trace": {k: v for k, v in counts.items() if k != "op_names"},
-        }
+        counts = trace_counts(stage / TRACE_FILE)
+        meta = capture_meta(target_name, described, o.device, info.name, o.dtype, o.seed, timing, counts)
         atomic_write_text(stage / CAPTURE_FILE, json.dumps(meta, indent=2, default=str) + "\n")
-        repro = (f"mystique capture {target_name} -o OUT --config {config} --mode {mode} --device {device} "
-                 f"--dtype {dtype} --steps {steps} --warmup {warmup} --seed {seed}")
-        res = _Rows(Results(ctx, "capture"), repro)
-        subject = f"{target_name}/{config}/{mode}" if described["kind"] == "workload" else target_name
-        dt = meta["dtype"] or ""
-        res.add("uninstrumented_step_time", subject, "median_ms", timing["median_ms"], unit="ms", status="info",
-                dtype=dt, detail=f"{steps} steps after {warmup} warm-up; IQR {timing['iqr_ms']:.3f} ms; seed {seed}")
-        spread = timing["spread"]
-        # A measurement that flags, not a check: the replay's verdict comes from paired rounds against the
-        # rebuilt step (mystique.replay.fidelity); a recorded ratio is never a verdict. capture.json says so too.
-        res.add("original_step_spread", subject, "iqr_over_median", spread, threshold=STEP_SPREAD_MAX, dtype=dt,
-                status="info",
-                detail=("TOO NOISY to be a reference: " if timing["too_noisy"] else "a usable reference: ")
-                + timing["reason"] + f"; a reference needs at most {STEP_SPREAD_MAX:.0%}")
-        ok = counts["aten_ops"] > 0
-        res.add("trace_recorded", subject, "aten_ops", counts["aten_ops"], status="pass" if ok else "fail",
-                dtype=dt, threshold=1,
-                detail=f"ET schema {counts['schema']}, {counts['nodes']} nodes" + ("" if ok else "; no aten op recorded"))
+        repro = (f"mystique capture {target_name} -o OUT --config {o.config} --mode {o.mode} --device {o.device} "
+                 f"--dtype {o.dtype} --steps {o.steps} --warmup {o.warmup} --seed {o.seed}")
+        subject = f"{target_name}/{o.config}/{o.mode}" if described["kind"] == "workload" else target_name
+        res = Results(ctx, "capture")
+        _add_rows(res, subject, meta["dtype"] or "", timing, counts, o, f"; reproduce: {repro}")
         write_csv(res.frame(), stage / "results.csv")
     progress.note(f"wrote {out_dir} ({counts['nodes']} ET nodes, {counts['aten_ops']} aten ops)")
     return Path(out_dir)
+
+
+def _add_rows(res: Results, subject: str, dt: str, timing: dict[str, Any], counts: dict[str, Any],
+              o: CaptureOptions, tail: str) -> None:
+    """The capture suite's rows, each detail ending with ``tail`` (the reproduce command)."""
+    res.add("uninstrumented_step_time", subject, "median_ms", timing["median_ms"], unit="ms", status="info",
+            dtype=dt, detail=f"{o.steps} steps after {o.warmup} warm-up; IQR {timing['iqr_ms']:.3f} ms; "
+                             f"seed {o.seed}{tail}")
+    # A measurement that flags, not a check: the replay's verdict comes from paired rounds against the
+    # rebuilt step (mystique.replay.fidelity); a recorded ratio is never a verdict. capture.json says so too.
+    res.add("original_step_spread", subject, "iqr_over_median", timing["spread"], threshold=STEP_SPREAD_MAX,
+            dtype=dt, status="info",
+            detail=("TOO NOISY to be a reference: " if timing["too_noisy"] else "a usable reference: ")
+            + timing["reason"] + f"; a reference needs at most {STEP_SPREAD_MAX:.0%}{tail}")
+    ok = counts["aten_ops"] > 0
+    res.add("trace_recorded", subject, "aten_ops", counts["aten_ops"], status="pass" if ok else "fail",
+            dtype=dt, threshold=1,
+            detail=f"ET schema {counts['schema']}, {counts['nodes']} nodes" + ("" if ok else "; no aten op recorded")
+            + tail)

@@ -1,4 +1,4 @@
-"""Errors that map onto the exit codes of DESIGN.md.
+"""Errors that map onto the exit codes of docs/design.md.
 
 0: every check passed. 1: checks failed. 2: bad usage or bad input. 3: the environment cannot
 do it (device absent, optional package missing, not enough memory).

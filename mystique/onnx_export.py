@@ -45,6 +45,8 @@ import torch
 from torch import nn
 
 from .errors import EnvironmentUnsupported, UsageError
+from .replay.onnx_plan import PlanModule
+from .replay.runtime import ReplayError, check_plan, load_plan
 
 INSTALL_HINT = "pip install 'mystique-suite[onnx]'"
 ONNX_PACKAGES = ("onnx", "onnxscript", "onnxruntime")
@@ -328,6 +330,35 @@ def _versions() -> dict[str, str]:
     return out
 
 
+def _export_dynamo(module: nn.Module, args: tuple[torch.Tensor, ...], out_path: Path, input_names: list[str],
+                   output_names: Sequence[str] | None, subject: str,
+                   exporter: str) -> tuple[str, str, list[str], dict[str, int]]:
+    """Export with the dynamo exporter: ``(exporter used, why it was not, operators without an ONNX
+    form, aten operators of the program)``; ``used`` is "" when it failed (UsageError instead when
+    the module cannot be traced, or ``exporter`` is ``dynamo``)."""
+    try:
+        with _quiet():
+            ep = torch.export.export(module, args, strict=False)
+    except Exception as exc:  # noqa: BLE001 - any tracing failure is reported in one line
+        raise UsageError(f"cannot trace {subject or type(module).__name__} with torch.export: "
+                         f"{type(exc).__name__}: {_first_line(exc)}") from exc
+    aten_ops = _program_ops(ep)
+    try:
+        with _quiet():
+            program = torch.onnx.export(ep, (), dynamo=True, input_names=input_names,
+                                        output_names=list(output_names) if output_names else None,
+                                        verbose=False, optimize=True)
+        _save_program(program, out_path)
+        return "dynamo", "", [], aten_ops
+    except Exception as exc:  # noqa: BLE001
+        unsupported = unsupported_ops(ep, exc)
+        fallback_reason = (f"dynamo exporter: no ONNX form for {', '.join(unsupported)}" if unsupported
+                           else f"dynamo exporter failed: {type(exc).__name__}: {_first_line(exc)}")
+        if exporter == "dynamo":
+            raise UsageError(f"cannot export {subject} to ONNX: {fallback_reason}") from exc
+        return "", fallback_reason, unsupported, aten_ops
+
+
 def export_module(
     module: nn.Module,
     args: tuple[torch.Tensor, ...],
@@ -359,32 +390,10 @@ def export_module(
     t0 = time.perf_counter()
     module = module.eval()
     input_names = list(input_names)
-    ep = None
-    used = ""
-    fallback_reason = ""
-    unsupported: list[str] = []
-    aten_ops: dict[str, int] = {}
+    used, fallback_reason, unsupported, aten_ops = "", "", [], {}
     if exporter in ("auto", "dynamo"):
-        try:
-            with _quiet():
-                ep = torch.export.export(module, args, strict=False)
-        except Exception as exc:  # noqa: BLE001 - any tracing failure is reported in one line
-            raise UsageError(f"cannot trace {subject or type(module).__name__} with torch.export: "
-                             f"{type(exc).__name__}: {_first_line(exc)}") from exc
-        aten_ops = _program_ops(ep)
-        try:
-            with _quiet():
-                program = torch.onnx.export(ep, (), dynamo=True, input_names=input_names,
-                                            output_names=list(output_names) if output_names else None,
-                                            verbose=False, optimize=True)
-            _save_program(program, out_path)
-            used = "dynamo"
-        except Exception as exc:  # noqa: BLE001
-            unsupported = unsupported_ops(ep, exc)
-            fallback_reason = (f"dynamo exporter: no ONNX form for {', '.join(unsupported)}" if unsupported
-                               else f"dynamo exporter failed: {type(exc).__name__}: {_first_line(exc)}")
-            if exporter == "dynamo":
-                raise UsageError(f"cannot export {subject} to ONNX: {fallback_reason}") from exc
+        used, fallback_reason, unsupported, aten_ops = _export_dynamo(module, args, out_path, input_names,
+                                                                      output_names, subject, exporter)
     if not used:
         try:
             _export_torchscript(module, args, out_path, input_names, list(output_names or ["output"]))
@@ -516,12 +525,10 @@ def export_workload(name: str, config: str, out_path: str | os.PathLike, *, dtyp
 
 
 def _load_plan(plan_or_bench_dir: Any) -> dict[str, Any]:
-    from .replay import executor as ex
-
     if isinstance(plan_or_bench_dir, dict):
         try:
-            return ex.check_plan(plan_or_bench_dir)
-        except ex.ReplayError as exc:
+            return check_plan(plan_or_bench_dir)
+        except ReplayError as exc:
             raise UsageError(f"not a benchmark plan: {exc}") from exc
     data = getattr(plan_or_bench_dir, "data", None)
     if isinstance(data, dict):
@@ -532,234 +539,9 @@ def _load_plan(plan_or_bench_dir: Any) -> dict[str, Any]:
     if not p.is_file():
         raise UsageError(f"{p} does not exist (expected a benchmark folder or its benchmark.json)")
     try:
-        return ex.load_plan(p)
-    except ex.ReplayError as exc:
+        return load_plan(p)
+    except ReplayError as exc:
         raise UsageError(f"{p}: {exc}") from exc
-
-
-class PlanModule(nn.Module):
-    """A replay plan as a module: ``forward(*inputs)`` runs the plan's ``call`` operators in order.
-
-    External tensors are materialised once from the plan's data recipes (seeded): those of
-    integer or bool dtype are the forward's inputs (``self.input_ids``), floating ones buffers.
-    A tensor the plan derives from an earlier op's storage is an ``as_strided`` view of that op's
-    output. The outputs of ops the plan skips, and results that disagree with the recorded shape
-    or dtype, or ops that fail on the CPU with the plan's synthetic data (as the replay skips
-    them), become constant buffers filled by the same recipes; :attr:`substituted` lists each
-    with the reason. The forward returns the floating tensors produced and never read again
-    (every such tensor when none is floating).
-    """
-
-    def __init__(self, plan: dict[str, Any], seed: int = 0, float_inputs: bool = False) -> None:
-        super().__init__()
-        from .replay import executor as ex
-
-        self._ex = ex
-        self.plan = plan
-        self.tensors = {t["id"]: t for t in plan["tensors"]}
-        self.storages = {s["id"]: s for s in plan["storages"]}
-        self.ops = [op for op in plan["ops"] if op.get("action", "call") != "noop"]
-        self.substituted: list[dict[str, Any]] = []
-        self._eager = False
-        gen_state = torch.random.get_rng_state()
-        torch.manual_seed(seed)
-        try:
-            externals = self._materialise_externals()
-            self.input_ids = [tid for tid, v in externals.items()
-                              if float_inputs or not (v.dtype.is_floating_point or v.dtype.is_complex)]
-            self.example_inputs = tuple(externals[t] for t in self.input_ids)
-            self._buffer_ids = [tid for tid in externals if tid not in self.input_ids]
-            for tid in self._buffer_ids:
-                self.register_buffer(f"t{tid}", externals[tid])
-            self._compile()
-        finally:
-            torch.random.set_rng_state(gen_state)
-
-    def _synth(self, tid: int) -> torch.Tensor:
-        ex = self._ex
-        t = self.tensors[tid]
-        s = self.storages[t["storage"]]
-        dt = ex.dtype_from_name(t["dtype"])
-        buf = torch.empty(max(1, _numel(t["shape"])), dtype=dt)
-        recipe = s.get("recipe") or {"kind": "randn"}
-        if s["dtype"] != t["dtype"] and recipe.get("kind") not in ("randint", "bernoulli", "offsets"):
-            recipe = {"kind": "randn"}
-        ex.fill_storage(buf, recipe)
-        return buf[: _numel(t["shape"])].view(t["shape"])
-
-    def _materialise_externals(self) -> dict[int, torch.Tensor]:
-        ex = self._ex
-        bufs: dict[int, torch.Tensor] = {}
-        out: dict[int, torch.Tensor] = {}
-        for t in self.plan["tensors"]:
-            if t.get("source") != "external":
-                continue
-            sid = t["storage"]
-            s = self.storages[sid]
-            if sid not in bufs:
-                dt = ex.dtype_from_name(s["dtype"])
-                itemsize = torch.empty((), dtype=dt).element_size()
-                buf = torch.empty(max(1, -(-int(s["nbytes"]) // itemsize)), dtype=dt)
-                ex.fill_storage(buf, s.get("recipe") or {"kind": "randn"})
-                bufs[sid] = buf
-            buf = bufs[sid]
-            dt = ex.dtype_from_name(t["dtype"])
-            shape = list(t["shape"])
-            strides = t.get("strides") or ex.contiguous_strides(shape)
-            if dt == buf.dtype and ex._extent(shape, strides, int(t["offset"])) <= buf.numel():
-                view = buf.as_strided(shape, strides, int(t["offset"]))
-                out[t["id"]] = view.clone(memory_format=torch.contiguous_format)
-            else:
-                out[t["id"]] = self._synth(t["id"])
-        return out
-
-    def _compile(self) -> None:
-        ex = self._ex
-        cpu = torch.device("cpu")
-        consumers: dict[int, int] = {}
-        for op in self.ops:
-            for tid in ex.op_input_ids(op):
-                consumers[tid] = op["index"]
-        produced: dict[int, int] = {}  # tensor -> index of the op producing it (last)
-        self._steps: list[tuple[Any, list[Any], dict[str, Any], list[int | None], dict[str, Any]]] = []
-        for op in self.ops:
-            outs: list[int | None] = []
-            ex.Executor._flatten_outputs(op.get("outputs", []), outs)
-            fn = ex.resolve_overload(op["op"]) if op.get("action", "call") == "call" else None
-            if fn is None:
-                reason = op.get("reason") or "operator not in this torch"
-                for tid in outs:
-                    if tid is not None and consumers.get(tid, -1) > op["index"]:
-                        self._substitute(tid, op, f"plan skips {op['name']}: {reason}")
-                continue
-            args = ex.decode_value(op.get("args", []), lambda _d: cpu)
-            kwargs = {k: ex.decode_value(v, lambda _d: cpu) for k, v in op.get("kwargs", {}).items()}
-            if "pin_memory" in kwargs and kwargs["pin_memory"] is not None:
-                kwargs["pin_memory"] = False
-            self._steps.append((fn, args, kwargs, outs, op))
-            for tid in outs:
-                if tid is not None:
-                    produced[tid] = op["index"]
-        self.output_ids = [t for t, at in produced.items() if consumers.get(t, -1) <= at]
-
-    def _substitute(self, tid: int, op: dict[str, Any] | None, reason: str) -> None:
-        name = f"s{tid}"
-        if hasattr(self, name):
-            return
-        self.register_buffer(name, self._synth(tid))
-        self.substituted.append({"op": op["op"] if op else "", "index": op["index"] if op else None,
-                                 "tensor": tid, "reason": reason})
-
-    def _value(self, env: dict[int, torch.Tensor], tid: int) -> torch.Tensor:
-        if tid in env:
-            return env[tid]
-        t = self.tensors[tid]
-        if hasattr(self, f"s{tid}"):
-            return getattr(self, f"s{tid}")
-        if t.get("source") == "derived":
-            anchor = self.storages[t["storage"]].get("anchor")
-            base = env.get(anchor) if anchor is not None else None
-            if base is not None and base.dtype == self._ex.dtype_from_name(t["dtype"]):
-                off = int(t["offset"]) - int(self.tensors[anchor]["offset"])
-                shape = list(t["shape"])
-                strides = t.get("strides") or self._ex.contiguous_strides(shape)
-                if off >= 0 and self._ex._extent(shape, strides, off) <= base.numel():
-                    return base.contiguous().as_strided(shape, strides, off)
-        if self._eager:
-            self._substitute(tid, None, "derived from a storage no earlier result can hold (as the replay "
-                                        "does, it is synthesised)")
-            return getattr(self, f"s{tid}")
-        raise UsageError(f"benchmark tensor {tid} ({t['dtype']}{t['shape']}) is read before any operator "
-                         "produces it; the plan cannot be exported")
-
-    def forward(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        env: dict[int, torch.Tensor] = dict(zip(self.input_ids, inputs))
-        for tid in self._buffer_ids:
-            env[tid] = getattr(self, f"t{tid}")
-        for fn, args, kwargs, outs, _op in self._steps:
-            call_args = _fill(args, lambda tid: self._value(env, tid))
-            call_kwargs = {k: _fill(v, lambda tid: self._value(env, tid)) for k, v in kwargs.items()}
-            res = fn(*call_args, **call_kwargs)
-            for tid, r, _got in self._bind(res, outs):
-                if r is not None:
-                    env[tid] = r
-                elif hasattr(self, f"s{tid}"):
-                    env[tid] = getattr(self, f"s{tid}")
-        return tuple(env[t] for t in self.output_ids if t in env)
-
-    def _bind(self, res: Any, outs: Sequence[int | None]) -> list[tuple[int, torch.Tensor | None, str]]:
-        """Pair an op's results with its recorded output ids: ``(tid, result, got)`` where result is
-        None when it disagrees with the recorded shape/dtype (``got`` then describes it)."""
-        flat: list[Any] = []
-        self._ex.Executor._flatten_result(res, flat)
-        if len(flat) != len(outs):
-            flat = [res] if len(outs) == 1 and isinstance(res, torch.Tensor) else [None] * len(outs)
-        bound = []
-        for tid, r in zip(outs, flat):
-            if tid is None:
-                continue
-            t = self.tensors[tid]
-            if (isinstance(r, torch.Tensor) and list(r.shape) == list(t["shape"])
-                    and r.dtype == self._ex.dtype_from_name(t["dtype"])):
-                bound.append((tid, r, ""))
-            else:
-                got = f"{r.dtype}{list(r.shape)}" if isinstance(r, torch.Tensor) else type(r).__name__
-                bound.append((tid, None, got))
-        return bound
-
-    def check_results(self) -> None:
-        """Run once eagerly; results that disagree with the recorded metadata become constants
-        (listed in :attr:`substituted`), so the traced graph matches what the plan recorded."""
-        env: dict[int, torch.Tensor] = dict(zip(self.input_ids, self.example_inputs))
-        for tid in self._buffer_ids:
-            env[tid] = getattr(self, f"t{tid}")
-        failed: set[int] = set()
-        self._eager = True
-        with torch.no_grad():
-            for fn, args, kwargs, outs, op in self._steps:
-                call_args = _fill(args, lambda tid: self._value(env, tid))
-                call_kwargs = {k: _fill(v, lambda tid: self._value(env, tid)) for k, v in kwargs.items()}
-                try:
-                    res = fn(*call_args, **call_kwargs)
-                except Exception as exc:  # noqa: BLE001 - as the replay does: skipped, its outputs synthesised
-                    failed.add(op["index"])
-                    for tid in outs:
-                        if tid is not None:
-                            self._substitute(tid, op, f"fails on the CPU with the plan's data: "
-                                                      f"{type(exc).__name__}: {_first_line(exc, 160)}")
-                            env[tid] = getattr(self, f"s{tid}")
-                    continue
-                for tid, r, got in self._bind(res, outs):
-                    if r is not None:
-                        env[tid] = r
-                    else:
-                        t = self.tensors[tid]
-                        self._substitute(tid, op, f"result {got} disagrees with the recorded "
-                                                  f"{t['dtype']}{t['shape']}")
-                        env[tid] = getattr(self, f"s{tid}")
-        self._eager = False
-        self._steps = [step for step in self._steps if step[4]["index"] not in failed]
-        self.output_ids = [t for t in self.output_ids if not hasattr(self, f"s{t}")]
-        floating = [t for t in self.output_ids if self._ex.dtype_from_name(self.tensors[t]["dtype"]).is_floating_point]
-        if floating:  # the results, not the index bookkeeping of ops such as embedding_bag
-            self.output_ids = floating
-
-
-def _numel(shape: Sequence[int]) -> int:
-    n = 1
-    for s in shape:
-        n *= int(s)
-    return n
-
-
-def _fill(value: Any, lookup: Any) -> Any:
-    from .replay.executor import TensorSlot
-
-    if isinstance(value, TensorSlot):
-        return lookup(value.tid)
-    if isinstance(value, list):
-        return [_fill(v, lookup) for v in value]
-    return value
 
 
 def benchmark_module(plan_or_bench_dir: Any, *, seed: int = 0, float_inputs: bool = False) -> PlanModule:

@@ -14,6 +14,11 @@ def set_enabled(enabled: bool) -> None:
     _ENABLED = enabled
 
 
+def enabled() -> bool:
+    """Whether progress lines are printed (False under ``-q`` or ``MYSTIQUE_QUIET=1``)."""
+    return _ENABLED
+
+
 class Progress:
     """``with Progress("replay", total=10) as p: p.step("aten::mm")`` prints ``[replay 1/10] aten::mm``."""
 

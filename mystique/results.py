@@ -1,4 +1,4 @@
-"""The results schema of DESIGN.md: the one place that builds, validates, reads and writes it.
+"""The results schema of docs/design.md: the one place that builds, validates, reads and writes it.
 
 Every suite records its checks through :class:`Results`; every CSV is written by
 :func:`write_csv` (atomically) and read back by :func:`read_csv`. This module never imports

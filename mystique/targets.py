@@ -17,7 +17,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
+from . import emulation, faults
 from .errors import EnvironmentUnsupported, UsageError
+from .hostinfo import device_memory_bytes, host_memory_bytes
 from .refs import import_callable
 
 ModeFactory = Callable[[], Any]
@@ -58,8 +62,6 @@ class Target:
 
     @property
     def torch_device(self):
-        import torch
-
         return torch.device(self.device)
 
     @contextlib.contextmanager
@@ -67,8 +69,6 @@ class Target:
         """Run the enclosed operators as the device under test (the injected mode, if any)."""
         with contextlib.ExitStack() as stack:
             if self.emulate:  # outermost: a fault acts on top of the (emulated) device's own kernels
-                from . import emulation
-
                 stack.enter_context(emulation.make_mode(self.emulate))
             if self.mode_factory is not None:
                 stack.enter_context(self.mode_factory())
@@ -94,8 +94,6 @@ class Target:
 
 
 def synchronize(device: str) -> None:
-    import torch
-
     kind = device.split(":")[0]
     mod = getattr(torch, kind, None)
     if kind != "cpu" and mod is not None and hasattr(mod, "synchronize"):
@@ -112,8 +110,6 @@ def parse_device(device: str) -> str:
         shown = repr(device) if isinstance(device, str) else type(device).__name__
         raise UsageError(f"unknown device {shown}; {_DEVICE_HINT} (a lower-case type and an optional "
                          "index, no spaces)")
-    import torch
-
     try:
         with warnings.catch_warnings():  # torch warns about deprecated types (mkldnn): one line stays one
             warnings.simplefilter("ignore")
@@ -128,8 +124,6 @@ def check_device(device: str) -> str:
     """Validate a device string: exit 2 when malformed or a type torch does not know, exit 3 when the
     device is absent from this machine."""
     device = parse_device(device)
-    import torch
-
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         dev = torch.device(device)
@@ -156,8 +150,6 @@ def resolve_inject(spec: str) -> ModeFactory:
     lists them), or ``package.module:factory`` naming a callable of no arguments that returns a
     ``TorchDispatchMode``.
     """
-    from . import faults
-
     faults.load_builtin()
     spec = spec.strip()
     head, _, tail = spec.partition(":")
@@ -176,8 +168,6 @@ def make_target(device: str = "cpu", inject: str | None = None, emulate: str | N
     device = check_device(device)
     factory = resolve_inject(inject) if inject else None
     if emulate:
-        from . import emulation
-
         emulate = emulate.strip()
         emulation.differences(emulate)  # an unknown profile is refused before anything runs
     return Target(device, factory, inject.strip() if inject else None, emulate or None)
@@ -194,38 +184,7 @@ def _cpu_name() -> str:
     return platform.processor() or platform.machine() or "cpu"
 
 
-def host_memory_bytes(available: bool = False) -> int | None:
-    """Total (or currently available) host memory in bytes, where the OS tells."""
-    key = "MemAvailable:" if available else "MemTotal:"
-    try:
-        with open("/proc/meminfo", encoding="utf-8") as fh:
-            for line in fh:
-                if line.startswith(key):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        return None
-
-
-def device_memory_bytes(device: str, available: bool = False) -> int | None:
-    """Memory of the device (total, or free now); host memory for the CPU."""
-    import torch
-
-    dev = torch.device(device)
-    if dev.type == "cuda" and torch.cuda.is_available():
-        free, total = torch.cuda.mem_get_info(dev.index or 0)
-        return free if available else total
-    if dev.type == "cpu":
-        return host_memory_bytes(available)
-    return None
-
-
 def device_info(device: str) -> DeviceInfo:
-    import torch
-
     dev = torch.device(device)
     if dev.type == "cuda" and torch.cuda.is_available():
         idx = dev.index or 0

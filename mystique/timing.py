@@ -1,12 +1,11 @@
 """Side-by-side timing: paired rounds, a warm-up until stable, the median paired ratio with a 95%
 interval, and a verdict from the interval.
 
-A ratio of two medians measured minutes apart, or in two processes, reports the host's noise (on
-a busy host the same replay gave 1.78, 0.79 and 0.88 of one original). Here the two sides ``a``
-(the candidate, e.g. the replay) and ``b`` (the baseline, e.g. the original step) alternate in one
-process, in ABBA order (each round times ``a b`` or ``b a``, alternating, so a linear drift of the
-host cancels in pairs), and every round gives one paired ratio ``a_r / b_r`` taken under the same
-state of the host. The figure is the median of those ratios with a distribution-free 95% interval
+A ratio of two medians measured minutes apart, or in two processes, reports the host's noise.
+Here the two sides ``a`` (the candidate, e.g. the replay) and ``b`` (the baseline, e.g. the original
+step) alternate in one process, in ABBA order (each round times ``a b`` or ``b a``, alternating, so
+a linear drift of the host cancels in pairs), and every round gives one paired ratio ``a_r / b_r``
+taken under the same state of the host. The figure is the median of those ratios with a distribution-free 95% interval
 (order statistics with binomial ranks); rounds are added until the interval's half-width is at
 most ``half_width`` of the median or ``time_cap_s`` is spent.
 

@@ -94,6 +94,27 @@ def _style(ax) -> None:
     ax.set_axisbelow(True)
 
 
+#: a legend to the right of the axes
+_LEGEND_RIGHT = {"loc": "upper left", "bbox_to_anchor": (1.01, 1.0), "fontsize": 7, "frameon": False}
+
+
+def _finish(fig: Figure, ax, labels: Sequence[str], *, title: str, xlabel: str, uid: str,
+            ylim: tuple[float, float] | None = None, legend: dict | None = None) -> str:
+    """The common end of a chart of one row per label: row labels top to bottom (the y axis inverted,
+    or set to ``ylim``), axis label, title, ``legend`` (``ax.legend`` arguments), style; the svg."""
+    ax.set_yticks(range(len(labels)), [_short(s) for s in labels])
+    if ylim is None:
+        ax.invert_yaxis()
+    else:
+        ax.set_ylim(*ylim)
+    ax.set_xlabel(xlabel)
+    ax.set_title(title, loc="left")
+    if legend is not None:
+        ax.legend(**legend)
+    _style(ax)
+    return _to_svg(fig, title, uid)
+
+
 def grouped_bars(
     labels: Sequence[str], series: dict[str, Sequence[float]], *, xlabel: str, title: str, uid: str = "c0"
 ) -> str:
@@ -109,13 +130,9 @@ def grouped_bars(
             ok = np.isfinite(vals)
             bars = ax.barh(pos[ok], vals[ok], height=h, label=name, color=PALETTE[i % len(PALETTE)])
             ax.bar_label(bars, fmt="%.3g", padding=2, fontsize=7)
-        ax.set_yticks(y, [_short(s) for s in labels])
-        ax.invert_yaxis()
-        ax.set_xlabel(xlabel)
-        ax.set_title(title, loc="left")
-        ax.legend(loc="lower right", bbox_to_anchor=(1.0, 1.0), ncol=len(series), fontsize=8, frameon=False)
-        _style(ax)
-        return _to_svg(fig, title, uid)
+        legend = {"loc": "lower right", "bbox_to_anchor": (1.0, 1.0), "ncol": len(series), "fontsize": 8,
+                  "frameon": False}
+        return _finish(fig, ax, labels, title=title, xlabel=xlabel, uid=uid, legend=legend)
 
 
 def stacked_breakdown(
@@ -148,13 +165,7 @@ def stacked_breakdown(
             color = "#c7c7c7" if cat == "other" else PALETTE[i % len(PALETTE)]
             ax.barh(labels, vals, left=left, label=_short(cat, 32), color=color, height=0.6)
             left += vals
-        ax.set_yticks(range(len(labels)), [_short(s) for s in labels])
-        ax.invert_yaxis()
-        ax.set_xlabel(xlabel)
-        ax.set_title(title, loc="left")
-        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7, frameon=False)
-        _style(ax)
-        return _to_svg(fig, title, uid)
+        return _finish(fig, ax, labels, title=title, xlabel=xlabel, uid=uid, legend=_LEGEND_RIGHT)
 
 
 def ratio_bars(
@@ -191,12 +202,7 @@ def ratio_bars(
         ax.set_xlim(lo, hi)
         ax.axvline(1.0, color="#c62828", lw=1.2, ls="--")
         ax.text(1.0, -0.9, " bound", color="#c62828", fontsize=7, va="bottom")
-        ax.set_yticks(range(len(labels)), [_short(s) for s in labels])
-        ax.set_ylim(len(labels) - 0.5, -1.2)
-        ax.set_xlabel(xlabel)
-        ax.set_title(title, loc="left")
-        _style(ax)
-        return _to_svg(fig, title, uid)
+        return _finish(fig, ax, labels, title=title, xlabel=xlabel, uid=uid, ylim=(len(labels) - 0.5, -1.2))
 
 
 def interval_points(
@@ -240,15 +246,10 @@ def interval_points(
             ok = np.isfinite(t)
             if ok.any():
                 ax.scatter(t[ok], y[ok], marker="|", s=120, color="#c62828", label="threshold", zorder=3)
-        ax.set_yticks(y, [_short(s) for s in labels])
-        ax.set_ylim(len(labels) - 0.5, -0.5)
         if xlim:
             ax.set_xlim(xlim[0] - 0.02, xlim[1] + 0.02)
-        ax.set_xlabel(xlabel)
-        ax.set_title(title, loc="left")
-        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7, frameon=False)
-        _style(ax)
-        return _to_svg(fig, title, uid)
+        return _finish(fig, ax, labels, title=title, xlabel=xlabel, uid=uid, ylim=(len(labels) - 0.5, -0.5),
+                       legend=_LEGEND_RIGHT)
 
 
 def ranking_bars(
@@ -267,12 +268,7 @@ def ranking_bars(
         colors = [STATUS_COLORS.get(s, PALETTE[0]) for s in statuses] if statuses else PALETTE[0]
         bars = ax.barh(range(len(labels)), np.nan_to_num(vals), color=colors, height=0.65)
         ax.bar_label(bars, fmt="%.3g", padding=2, fontsize=7)
-        ax.set_yticks(range(len(labels)), [_short(s) for s in labels])
-        ax.invert_yaxis()
-        ax.set_xlabel(xlabel)
-        ax.set_title(title, loc="left")
-        _style(ax)
-        return _to_svg(fig, title, uid)
+        return _finish(fig, ax, labels, title=title, xlabel=xlabel, uid=uid)
 
 
 def paired_rounds(
@@ -333,7 +329,7 @@ def paired_rounds(
                 if len(v):
                     ax2.plot(np.arange(1, len(v) + 1), v, "o-", ms=ms * 0.7, lw=0.8, color=PALETTE[i], label=name)
             ax2.set_ylabel("step ms")
-            ax2.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7, frameon=False)
+            ax2.legend(**_LEGEND_RIGHT)
             _style(ax2)
             ax2.grid(True, axis="y", alpha=0.3)
             ax2.set_xlabel("round")

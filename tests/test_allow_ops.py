@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from mystique.replay import executor as ex
-from mystique.replay.plan import build_plan, match_schema
+from mystique.replay import runtime as ex
+from mystique.replay.classify import match_schema
+from mystique.replay.plan import build_plan
 from mystique.trace import load_trace
 
 CALLS: list[tuple[int, ...]] = []

@@ -1,4 +1,4 @@
-"""Capture: built-in workloads and user step functions into trace dirs (DESIGN.md)."""
+"""Capture: built-in workloads and user step functions into trace dirs (docs/design.md)."""
 
 from __future__ import annotations
 

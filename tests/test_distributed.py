@@ -1,4 +1,4 @@
-"""Multi-rank capture and replay (mystique.distributed, mystique.replay.collectives).
+"""Multi-rank capture and replay (mystique.distributed).
 
 The unit tests read the real multi-rank traces of ../shared/traces (PARAM's 8-rank DLRM, 1.0.1;
 Chakra's 2-rank all_gather, 1.0.2). The process tests launch real 2-rank gloo groups: a DDP
@@ -18,9 +18,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mystique.distributed import failure_message, find_rank_sources
+from mystique.distributed import LaunchResult, RankOutcome, failure_message, find_rank_sources
+from mystique.distributed import collectives as coll
+from mystique.distributed.runner import FAULT_ENV, parse_fault
 from mystique.errors import UsageError
-from mystique.replay import collectives as coll
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "traces"
 
@@ -154,16 +155,14 @@ def test_mirrored_peers_agree_on_every_all_to_all_pair(data):
 
 
 def test_fault_spec_parsing():
-    assert coll.parse_fault("die:1:2", 1) == ("die", 2)
-    assert coll.parse_fault("die:1:2", 0) is None
-    assert coll.parse_fault("hang:0:0", 0) == ("hang", 0)
+    assert parse_fault("die:1:2", 1) == ("die", 2)
+    assert parse_fault("die:1:2", 0) is None
+    assert parse_fault("hang:0:0", 0) == ("hang", 0)
     with pytest.raises(ValueError):
-        coll.parse_fault("explode:1:2", 1)
+        parse_fault("explode:1:2", 1)
 
 
 def test_failure_message_blames_the_rank_that_never_arrived(tmp_path):
-    from mystique.distributed import LaunchResult, RankOutcome
-
     (tmp_path / ".errors").mkdir()
     sched = ["#0 broadcast (c10d::broadcast_, 1024 float32, pg default)",
              "#1 all_reduce (c10d::allreduce_, 9 float32, pg default)"]
@@ -270,27 +269,29 @@ def test_one_rank_trace_replays_with_a_synthetic_peer(chakra_file, tmp_path, cli
     assert not (out / "rank-1" / "ops.csv").read_text().count("aten::")  # the peer ran no compute
 
 
-def test_a_rank_that_dies_is_named_with_its_collective(ddp_capture, tmp_path, cli_run, monkeypatch):
-    monkeypatch.setenv(coll.FAULT_ENV, "die:1:1")
-    out = tmp_path / "die"
+def _faulty_replay(ddp_capture, out, cli_run, monkeypatch, fault: str, timeout: str) -> tuple[int, str, float]:
+    """Replay the DDP capture with the fault ``fault`` injected: ``(exit code, stderr, seconds)``."""
+    monkeypatch.setenv(FAULT_ENV, fault)
     t0 = time.perf_counter()
     code, _stdout, stderr = cli_run("-q", "replay", str(ddp_capture), "-o", str(out), "--iters", "1",
-                                    "--warmup", "0", "--timeout", "20")
+                                    "--warmup", "0", "--timeout", timeout)
+    return code, stderr, time.perf_counter() - t0
+
+
+def test_a_rank_that_dies_is_named_with_its_collective(ddp_capture, tmp_path, cli_run, monkeypatch):
+    out = tmp_path / "die"
+    code, stderr, elapsed = _faulty_replay(ddp_capture, out, cli_run, monkeypatch, "die:1:1", "20")
     assert code == 1
     assert "rank 1 died (exit code 17)" in stderr and "before collective #1 all_reduce" in stderr
-    assert time.perf_counter() - t0 < 60
+    assert elapsed < 60
     assert (out / "rank-0" / "error.json").exists() and (out / "rank-1" / "error.json").exists()
     results = _read(out / "results.csv")
     assert {r["subject"] for r in results if r["check"] == "rank_completed" and r["status"] == "error"} >= {"rank-1"}
 
 
 def test_a_rank_that_hangs_ends_the_run_within_the_timeout(ddp_capture, tmp_path, cli_run, monkeypatch):
-    monkeypatch.setenv(coll.FAULT_ENV, "hang:0:1")
     out = tmp_path / "hang"
-    t0 = time.perf_counter()
-    code, _stdout, stderr = cli_run("-q", "replay", str(ddp_capture), "-o", str(out), "--iters", "1",
-                                    "--warmup", "0", "--timeout", "3")
-    elapsed = time.perf_counter() - t0
+    code, stderr, elapsed = _faulty_replay(ddp_capture, out, cli_run, monkeypatch, "hang:0:1", "3")
     assert code == 1
     assert "rank 0 hung: it never reached collective #1 all_reduce" in stderr
     assert "rank(s) 1 waited in" in stderr

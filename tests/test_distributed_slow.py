@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from mystique.distributed import STEP_RATIO_HIGH, STEP_RATIO_LOW, measure_fidelity
+
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "traces"
 pytestmark = pytest.mark.slow
 
@@ -68,8 +70,6 @@ def test_fsdp_capture_and_replay_on_two_ranks(tmp_path, cli_run):
 
 
 def test_ddp_small_llama_replay_within_15_percent_of_the_captured_step(tmp_path, cli_run):
-    from mystique.distributed import STEP_RATIO_HIGH, STEP_RATIO_LOW, measure_fidelity
-
     cap = tmp_path / "cap"
     code, _o, stderr = cli_run("-q", "capture", "llama", "-c", "small", "--nproc", "2", "--steps", "3", "-o", str(cap))
     assert code == 0, stderr

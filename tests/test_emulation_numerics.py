@@ -339,7 +339,6 @@ def test_truncation_keeps_ten_mantissa_bits():
     t = emu_tf32.truncate_to_tf32(x)
     assert t[0] == 1.0 + 2**-10 and t[1] == -3.0 - 2**-9
     assert math.isnan(t[2]) and math.isinf(t[3]) and t[4] == 2**-120 * 1.5
-    assert torch.equal(_fp.truncate_to_tf32(x[:2]), t[:2])
 
 
 # ------------------------------------------------------------------------- whole runs and the bounds' laws

@@ -190,7 +190,7 @@ def test_the_int8_check_stays_exact_under_the_emulation_and_sees_the_lowest_bit(
         c, rep = abft.checked_mm(a, b)
         assert not rep.alarm and torch.equal(c, want)
         enc = abft.encode_gemm(a, b)
-        acc = abft._accumulate(a, b)
+        acc = abft.accumulate(a, b)
         acc.view(-1)[9] ^= 1
         rep = abft.verify_gemm(enc, acc, dtype=torch.int8)
     assert rep.alarm and rep.location == divmod(9, 6)

@@ -11,8 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from mystique import fault_modes as fm
-from mystique import faults
+from mystique import dtypes, faults
 from mystique.errors import UsageError
 from mystique.targets import make_target
 
@@ -87,17 +86,23 @@ def test_bad_inject_params_are_usage_errors(spec):
 
 
 class _Seen:
-    """Wraps a mode class so that it records every operator it is handed."""
+    """Wraps a mode builder so that the modes it builds record every operator they are handed."""
 
-    def __init__(self, cls):
+    def __init__(self, build):
         seen: list[str] = []
 
-        class Recording(cls):
-            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-                seen.append(str(func))
-                return super().__torch_dispatch__(func, types, args, kwargs)
+        def recording(**params):
+            mode = build(**params)
 
-        self.cls, self.seen = Recording, seen
+            class Recording(type(mode)):
+                def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                    seen.append(str(func))
+                    return super().__torch_dispatch__(func, types, args, kwargs)
+
+            mode.__class__ = Recording
+            return mode
+
+        self.cls, self.seen = recording, seen
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -134,7 +139,7 @@ def test_bitflip_hits_only_the_chosen_field(bits, field):
     healthy = a @ b
     with mode(f"bitflip:rate=1,bits={bits}"):
         faulty = a @ b
-    lo, hi = fm._FIELDS[torch.float32][field]
+    lo, hi = dtypes.fields(torch.float32)[field]
     field_mask = ((1 << (hi + 1)) - 1) ^ ((1 << lo) - 1)
     diff = bits_of(faulty) ^ bits_of(healthy)
     assert bool((diff != 0).all())
@@ -168,6 +173,19 @@ def test_bitflip_is_reproducible_by_seed_and_respects_ops_regex():
     assert torch.equal(bits_of(runs[0][0]), bits_of(runs[1][0]))  # flips may make NaNs: compare bits
     assert not torch.equal(bits_of(runs[0][0]), bits_of(a + b))
     assert torch.equal(runs[0][1], a @ b)
+
+
+def test_bitflip_spec_and_the_validator_use_one_mode_class():
+    cli = mode("bitflip:rate=0.5,bits=sign")
+    recorded = faults.BitFlipMode(rate=0.5, bit_class="sign", ops="mm")
+    assert type(cli) is type(recorded) is faults.BitFlipMode
+    a, b = torch.randn(8, 8), torch.randn(8, 8)
+    with cli:
+        a @ b
+    with recorded:
+        a @ b
+    assert cli.flips > 0 and not cli.records  # vectorized: counted only
+    assert recorded.flips == len(recorded.records) > 0  # recorded: each flip kept
 
 
 def test_bitflip_out_and_inplace_variants_get_the_fault_and_views_do_not():
@@ -295,7 +313,7 @@ def test_low_precision_accum_keeps_a_wider_out_dtype():
     with make_target("cpu", "low_precision_accum", "cuda").active():
         out = torch.mm(a, b, out_dtype=torch.float32)
     assert out.dtype == torch.float32
-    assert torch.equal(out, fm.low_precision_matmul(a, b, 16).float())
+    assert torch.equal(out, faults.low_precision_matmul(a, b, 16).float())
 
 
 def test_low_precision_accum_covers_the_gemm_family_and_its_variants():
@@ -303,7 +321,7 @@ def test_low_precision_accum_covers_the_gemm_family_and_its_variants():
     a, b = torch.rand(8, 512, generator=g).half(), torch.rand(512, 4, generator=g).half()
     bias = torch.rand(4, generator=g).half()
     ba, bb = torch.rand(3, 8, 512, generator=g).half(), torch.rand(3, 512, 4, generator=g).half()
-    expect = fm.low_precision_matmul(a, b, 16)
+    expect = faults.low_precision_matmul(a, b, 16)
     with mode("low_precision_accum"):
         mm = a @ b
         out = torch.empty(1, dtype=torch.float16)
@@ -315,7 +333,7 @@ def test_low_precision_accum_covers_the_gemm_family_and_its_variants():
         dot = torch.dot(a[0], b[:, 0])
     assert torch.equal(mm, expect) and torch.equal(out, expect) and torch.equal(inplace, expect)
     assert torch.equal(lin, (expect.float() + bias.float()).half())
-    assert torch.equal(bmm[1], fm.low_precision_matmul(ba[1], bb[1], 16))
+    assert torch.equal(bmm[1], faults.low_precision_matmul(ba[1], bb[1], 16))
     assert torch.equal(mv, expect[:, 0]) and dot.item() == expect[0, 0].item()
     assert _rel_err(mm, a.double() @ b.double()) > 2 * _rel_err(a @ b, a.double() @ b.double())
 
@@ -444,7 +462,7 @@ def test_nondeterministic_reduction_seed_reproduces_the_orders():
 def test_permute_along_is_a_permutation_of_the_reduced_dims():
     x = torch.arange(24.0).reshape(2, 3, 4)
     perm = torch.tensor([5, 0, 3, 1, 4, 2])
-    y = fm.permute_along(x, [0, 1], perm)
+    y = faults.permute_along(x, [0, 1], perm)
     assert y.shape == x.shape
     assert torch.equal(y.sum((0, 1)), x.sum((0, 1)))
     assert torch.equal(y[:, :, 0].flatten(), x[:, :, 0].flatten()[perm])

@@ -23,7 +23,6 @@ import gzip
 import io
 import json
 import marshal
-import os
 import random
 import sys
 import tarfile
@@ -37,7 +36,7 @@ from typing import Any
 
 import pytest
 
-from mystique.trace.loader import gc_paused
+from mystique.trace.files import gc_paused
 
 HERE = Path(__file__).resolve().parent
 DATA = HERE / "data" / "traces"
@@ -862,14 +861,13 @@ def check_outcome(o: Outcome, out: Path) -> str:
 
 def _reference_program() -> str:
     """The syntax tree of every benchmark.py: the replay engine and its main (plans differ only in data)."""
-    from mystique.replay import executor
+    from mystique.replay.generate import runtime_source
 
-    st = os.stat(executor.__file__)
-    return _reference_program_of(st.st_mtime_ns, st.st_size)
+    return _reference_program_of(runtime_source())
 
 
 @functools.lru_cache(maxsize=2)
-def _reference_program_of(mtime_ns: int, size: int) -> str:
+def _reference_program_of(runtime: str) -> str:
     from mystique.replay.generate import benchmark_py
     from mystique.replay.plan import Plan
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from mystique.errors import UsageError
-from mystique.replay import executor as ex
+from mystique.replay import runtime as ex
 from mystique.replay.generate import infer_batch, rescale_batch
 from mystique.replay.plan import Plan, build_plan
 from mystique.trace import load_trace
@@ -87,6 +87,27 @@ def test_generate_writes_a_plan_and_a_standalone_program_that_runs(tower_trace, 
     assert [ln.split(":")[0] for ln in lines if ln.startswith("iteration")] == ["iteration 0", "iteration 1"]
     assert lines[-1].startswith("median:") and lines[-1].endswith(" ms")
     assert "0 skipped" in lines[0]
+
+
+def test_the_runtime_concatenates_into_one_module_without_clashing_names():
+    """benchmark.py is hostinfo + the runtime's modules in one namespace: every module of the package is
+    in it, in dependency order, and no top-level name is defined by two of them (a later definition
+    would silently replace an earlier one)."""
+    import ast
+
+    from mystique.replay.generate import runtime_source
+
+    folder = Path(ex.__file__).parent
+    assert sorted(ex.MODULES) == sorted(p.stem for p in folder.glob("*.py") if p.stem != "__init__")
+    seen: dict[str, str] = {}
+    for module in ex.MODULES:
+        for node in ast.parse((folder / f"{module}.py").read_text()).body:
+            if isinstance(node, ast.ImportFrom) and node.level:
+                assert ex.MODULES.index(node.module) < ex.MODULES.index(module), (module, node.module)
+            if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+                assert seen.setdefault(node.name, module) == module, (node.name, module, seen[node.name])
+    tree = ast.parse(runtime_source())
+    assert not [n for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and (n.level or "mystique" in (n.module or ""))]
 
 
 def test_benchmark_py_reports_bad_plan_and_absent_device(tower_trace, tmp_path, cli_run):

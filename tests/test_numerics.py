@@ -13,8 +13,9 @@ from hypothesis import strategies as st
 from mystique.validators import numerics
 from mystique.validators.numerics import _fp, testing
 from mystique.validators.numerics.accumulation import mantissa_bits, probe_rows
+from mystique.validators.numerics.benchmark_shapes import benchmark_gemm_shapes
 from mystique.validators.numerics.conversions import conversion_cases
-from mystique.validators.numerics.opsweep import benchmark_gemm_shapes, seq_matmul
+from mystique.validators.numerics.op_cases import seq_matmul
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from mystique.errors import UsageError

@@ -12,8 +12,8 @@ import pandas as pd
 import pytest
 import torch
 
-from mystique.replay import executor as ex
 from mystique.replay import overhead as ov
+from mystique.replay import runtime as ex
 
 
 def test_overhead_command_writes_the_ratio_row_and_exits_per_its_verdict(cli_run, tmp_path):

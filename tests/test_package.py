@@ -64,3 +64,19 @@ def test_version_is_the_one_packaged_declared_and_printed():
     exe = Path(sys.executable).with_name("mystique")
     out = subprocess.run([str(exe), "--version"], capture_output=True, text=True, check=True).stdout
     assert out.strip() == f"mystique, version {declared[1]}"
+
+
+def test_every_package_folder_is_listed_for_the_wheel():
+    """A folder with an ``__init__.py`` that pyproject's ``packages`` omits is missing from a built wheel
+    (an editable install hides it): each one is listed, under its installed name."""
+    import tomllib
+
+    tool = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
+    listed = set(tool["packages"])
+    roots = {folder: name for name, folder in tool["package-dir"].items()}
+    found = set()
+    for folder, name in roots.items():
+        for init in (REPO / folder).rglob("__init__.py"):
+            rel = init.parent.relative_to(REPO / folder).parts
+            found.add(".".join((name, *rel)))
+    assert found == listed, f"unlisted: {sorted(found - listed)}; listed but absent: {sorted(listed - found)}"

@@ -10,14 +10,10 @@ import pandas as pd
 import pytest
 import torch  # noqa: F401
 
-import mystique.fault_modes  # noqa: F401
+import mystique.faults  # noqa: F401
 import mystique.results  # noqa: F401
 import mystique.targets  # noqa: F401
-
-try:
-    import mystique.reports  # noqa: F401
-except ImportError:
-    pass
+from mystique import reports  # noqa: F401
 
 # The inner sessions run in this process (pytester.runpytest), and pytester drops the modules a
 # session imported when it ends; torch and what imports it are imported here, once, because a

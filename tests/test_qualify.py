@@ -1,4 +1,4 @@
-"""`mystique qualify`: pytest in process, outputs in OUT_DIR, the exit codes of DESIGN.md."""
+"""`mystique qualify`: pytest in process, outputs in OUT_DIR, the exit codes of docs/design.md."""
 
 from __future__ import annotations
 

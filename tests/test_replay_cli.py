@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from mystique.replay.run import DESIGN_SUMMARY_KEYS, OPS_COLUMNS, SUMMARY_KEYS
+from mystique.replay.summary import DESIGN_SUMMARY_KEYS, OPS_COLUMNS, SUMMARY_KEYS
 
 DATA = Path(__file__).parent / "data" / "traces"
 
@@ -199,7 +199,7 @@ def test_bad_inputs_exit_2_with_one_line(args, needle, tmp_path, capsys):
 
 def test_non_empty_output_needs_force_and_memory_refusal_exits_3(tmp_path, capsys):
     from mystique.cli import main
-    from mystique.replay import executor as ex
+    from mystique.replay import runtime as ex
     from mystique.replay.plan import Plan
 
     out = tmp_path / "o"
@@ -241,9 +241,9 @@ def test_malformed_benchmark_plan_is_bad_input(tmp_path, capsys):
 def test_coverage_by_time_weighs_ops_by_their_original_time_and_ratio_needs_the_same_device():
     from test_replay_executor import PlanMaker, T
 
-    from mystique.replay import executor as ex
+    from mystique.replay import runtime as ex
     from mystique.replay.plan import Plan
-    from mystique.replay.run import summarize
+    from mystique.replay.summary import summarize
 
     pm = PlanMaker("cuda:0")
     x = pm.tensor(pm.storage(16), [4])
@@ -320,7 +320,7 @@ def test_subject_names_the_capture_else_the_folder_or_file(tmp_path):
 def test_cpu_replays_use_the_captured_thread_count_capped_at_the_cores_available():
     import os
 
-    from mystique.replay import executor as ex
+    from mystique.replay import runtime as ex
 
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     cores = len(os.sched_getaffinity(0))
@@ -332,38 +332,50 @@ def test_cpu_replays_use_the_captured_thread_count_capped_at_the_cores_available
     assert ex.replay_threads(plan, cuda) is None and ex.replay_threads({"metadata": {}}, cpu) is None
 
 
-def test_replay_runs_with_the_plan_threads_and_restores_torch_setting(trace_dir, tmp_path, monkeypatch):
-    """Both sides of the paired rounds (and the recorded iterations) run with the captured thread count."""
-    from mystique.replay import fidelity
-    from mystique.replay.run import replay
+def _bench_with_threads(trace_dir, tmp_path, threads):
+    """A benchmark generated from ``trace_dir`` whose plan says it was captured with ``threads`` threads."""
+    from mystique.replay.generate import generate
 
-    seen: dict[str, set[int]] = {"a": set(), "b": set()}
+    bench = tmp_path / "b"
+    plan = generate(str(trace_dir), str(bench))
+    data = json.loads((bench / "benchmark.json").read_text())
+    data["metadata"]["original_threads"] = threads
+    (bench / "benchmark.json").write_text(json.dumps(data))
+    return bench, plan
+
+
+def _spy_round_threads(monkeypatch, record):
+    """Wrap fidelity.paired_rounds so each call of either side first calls ``record(side, threads)``."""
+    from mystique.replay import fidelity
+
     real = fidelity.paired_rounds
 
     def spy(a, b, **kw):
         def wrap(fn, key):
             def run():
-                seen[key].add(torch.get_num_threads())
+                record(key, torch.get_num_threads())
                 return fn()
             return run
         return real(wrap(a, "a"), wrap(b, "b"), **kw)
 
     monkeypatch.setattr(fidelity, "paired_rounds", spy)
-    before = torch.get_num_threads()
-    bench = tmp_path / "b"
-    from mystique.replay.generate import generate
 
-    plan = generate(str(trace_dir), str(bench))
-    data = json.loads((bench / "benchmark.json").read_text())
-    data["metadata"]["original_threads"] = 1
-    (bench / "benchmark.json").write_text(json.dumps(data))
+
+def test_replay_runs_with_the_plan_threads_and_restores_torch_setting(trace_dir, tmp_path, monkeypatch):
+    """Both sides of the paired rounds (and the recorded iterations) run with the captured thread count."""
+    from mystique.replay.run import replay
+
+    seen: dict[str, set[int]] = {"a": set(), "b": set()}
+    _spy_round_threads(monkeypatch, lambda key, n: seen[key].add(n))
+    before = torch.get_num_threads()
+    bench, plan = _bench_with_threads(trace_dir, tmp_path, 1)
     assert plan.metadata["original_threads"] == json.loads((trace_dir / "capture.json").read_text())["threads"]
     summary, df = replay(bench, tmp_path / "r", iters=6, warmup=0, op_iters=1, time_cap=0.5, half_width=0.5)
     assert seen == {"a": {1}, "b": {1}} and summary["timing"]["threads"] == 1
     assert torch.get_num_threads() == before
     detail = df.set_index(["check", "metric"]).loc[("replay_step_time", "median_ms"), "detail"]
     assert "1 CPU threads (captured with 1)" in detail
-    from mystique.replay import executor as ex
+    from mystique.replay import runtime as ex
 
     recorded = []
     real_ti = ex.Executor.time_iterations
@@ -471,10 +483,10 @@ def test_kineto_step_spans_and_device_times_feed_recorded_fidelity():
     """A GPU trace's recorded fidelity compares device (kernel) times; the ProfilerStep span is the step."""
     from test_replay_executor import PlanMaker, T
 
-    from mystique.replay import executor as ex
     from mystique.replay import fidelity
+    from mystique.replay import runtime as ex
     from mystique.replay.plan import Plan
-    from mystique.replay.run import summarize
+    from mystique.replay.summary import summarize
     from mystique.trace.kineto import parse_kineto_document
 
     doc = {"traceEvents": [
@@ -520,29 +532,14 @@ def test_paired_rounds_on_a_busy_host_use_the_free_cores_on_both_sides(trace_dir
     import os
 
     from mystique.replay import fidelity
-    from mystique.replay.generate import generate
     from mystique.replay.run import replay
 
     if len(os.sched_getaffinity(0)) < 2:
         pytest.skip("needs 2 cores to run fewer threads than captured")
-    bench = tmp_path / "b"
-    generate(str(trace_dir), str(bench))
-    data = json.loads((bench / "benchmark.json").read_text())
-    data["metadata"]["original_threads"] = 2
-    (bench / "benchmark.json").write_text(json.dumps(data))
+    bench, _ = _bench_with_threads(trace_dir, tmp_path, 2)
     monkeypatch.setattr(fidelity, "free_cores", lambda: (1, 1.0))  # another process keeps one core busy
     seen = set()
-    real = fidelity.paired_rounds
-
-    def spy(a, b, **kw):
-        def wrap(fn):
-            def run():
-                seen.add(torch.get_num_threads())
-                return fn()
-            return run
-        return real(wrap(a), wrap(b), **kw)
-
-    monkeypatch.setattr(fidelity, "paired_rounds", spy)
+    _spy_round_threads(monkeypatch, lambda key, n: seen.add(n))
     before = torch.get_num_threads()
     s, df = replay(bench, tmp_path / "r", iters=6, warmup=0, op_iters=1, time_cap=0.5, half_width=0.5)
     t = s["timing"]
@@ -571,16 +568,11 @@ def test_paired_rounds_start_again_with_fewer_threads_when_the_host_gets_busy(tr
     import os
 
     from mystique.replay import fidelity
-    from mystique.replay.generate import generate
     from mystique.replay.run import replay
 
     if len(os.sched_getaffinity(0)) < 2:
         pytest.skip("needs 2 cores to run fewer threads than captured")
-    bench = tmp_path / "b"
-    generate(str(trace_dir), str(bench))
-    data = json.loads((bench / "benchmark.json").read_text())
-    data["metadata"]["original_threads"] = 2
-    (bench / "benchmark.json").write_text(json.dumps(data))
+    bench, _ = _bench_with_threads(trace_dir, tmp_path, 2)
     monkeypatch.setattr(fidelity, "free_cores", lambda: (2, 0.0))  # quiet when the replay starts
 
     class BusyLater:
@@ -591,17 +583,7 @@ def test_paired_rounds_start_again_with_fewer_threads_when_the_host_gets_busy(tr
 
     monkeypatch.setattr(fidelity, "_HostWatch", BusyLater)
     seen = []
-    real = fidelity.paired_rounds
-
-    def spy(a, b, **kw):
-        def wrap(fn):
-            def run():
-                seen.append(torch.get_num_threads())
-                return fn()
-            return run
-        return real(wrap(a), wrap(b), **kw)
-
-    monkeypatch.setattr(fidelity, "paired_rounds", spy)
+    _spy_round_threads(monkeypatch, lambda key, n: seen.append(n))
     before = torch.get_num_threads()
     s, _ = replay(bench, tmp_path / "r", iters=6, warmup=0, op_iters=1, time_cap=0.5, half_width=0.5)
     t = s["timing"]
@@ -768,7 +750,7 @@ def _fake_states(replayed, noops, fallback_ops, collectives, missing):
 
 def _results_of(states, view_fallbacks=0, filtered_out=0, summary_extra=None):
     from mystique.replay.plan import plan_from_path
-    from mystique.replay.run import _results
+    from mystique.replay.result_rows import results
     from mystique.targets import make_target
 
     plan, _ = plan_from_path(DATA / "pt2_et.json", None)
@@ -780,11 +762,11 @@ def _results_of(states, view_fallbacks=0, filtered_out=0, summary_extra=None):
                "coverage_by_time": 1.0, "timing": {}, "lacks": [], "ratio_kind": None, "ratio": None,
                "replay_step_ms": 1.0, "original_step_ms": None, "op_error": {}, "cross_device": False,
                **(summary_extra or {})}
-    return _results(summary, e, plan, "cpu", "s", make_target("cpu"), 2, 0, 0)
+    return results(summary, e, plan, "cpu", "s", make_target("cpu"), 2, 0, 0)
 
 
 def _meets(direction, value, threshold):
-    from mystique.replay.run import RATIO_HIGH, RATIO_LOW
+    from mystique.replay.fidelity import RATIO_HIGH, RATIO_LOW
 
     return {"min": value >= threshold, "max": value <= threshold, "band": RATIO_LOW <= value <= RATIO_HIGH}[direction]
 
@@ -810,7 +792,7 @@ def test_a_row_that_passes_meets_its_threshold_property():
     from hypothesis import given
     from hypothesis import strategies as st
 
-    from mystique.replay.run import ROW_DIRECTIONS
+    from mystique.replay.result_rows import ROW_DIRECTIONS
 
     @given(st.integers(0, 300), st.integers(0, 20), st.integers(0, 10), st.integers(0, 10), st.integers(0, 5),
            st.integers(0, 3), st.integers(0, 50))

@@ -11,7 +11,8 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mystique.replay import executor as ex
+from mystique.replay import runtime as ex
+from mystique.replay.runtime import executor as executor_module
 
 
 class PlanMaker:
@@ -396,11 +397,11 @@ def test_ops_recorded_with_autograd_run_with_grad_and_fall_back_without_it():
 
 def test_compiled_calls_pass_keyword_named_arguments_and_read_the_value_table():
     fn = ex.resolve_overload("aten::random_.from")
-    call = ex._make_call(fn, [ex.TensorSlot(1)], {"from": 2, "to": 5, "generator": None})
+    call = ex.make_call(fn, [ex.TensorSlot(1)], {"from": 2, "to": 5, "generator": None})
     v = [None, torch.zeros(1000)]
     out = call(v)
     assert out is v[1] and 2 <= float(out.min()) and float(out.max()) < 5
-    cat = ex._make_call(ex.resolve_overload("aten::cat.default"), [[ex.TensorSlot(0), ex.TensorSlot(1)]], {"dim": 0})
+    cat = ex.make_call(ex.resolve_overload("aten::cat.default"), [[ex.TensorSlot(0), ex.TensorSlot(1)]], {"dim": 0})
     assert cat([torch.ones(2), torch.zeros(3)]).tolist() == [1, 1, 0, 0, 0]
 
 
@@ -408,7 +409,7 @@ def test_compiled_calls_pass_keyword_named_arguments_and_read_the_value_table():
        zipf=st.sampled_from([None, 0.8, 1.0, 1.05, 1.5]))
 @settings(max_examples=60, deadline=None)
 def test_integer_draws_stay_in_their_range_skewed_or_not(low, size, n, zipf):
-    vals = ex._draw_ints(low, low + size, n, torch.device("cpu"), zipf)
+    vals = ex.draw_ints(low, low + size, n, torch.device("cpu"), zipf)
     assert vals.dtype == torch.int64 and vals.numel() == n
     assert int(vals.min()) >= low and int(vals.max()) < low + size
 
@@ -436,7 +437,7 @@ def test_cpu_replay_primes_the_host_allocator_with_the_largest_storage_first(mon
     so that glibc recycles large intermediates from its heap as the captured (long-lived) process
     did, instead of faulting their pages in every iteration."""
     calls = []
-    monkeypatch.setattr(ex, "prime_host_allocator", lambda n: calls.append(n))
+    monkeypatch.setattr(executor_module, "prime_host_allocator", lambda n: calls.append(n))
     pm = PlanMaker()
     x = pm.tensor(pm.storage(4 * 1000), [1000])
     y = pm.out([3000])
@@ -606,7 +607,7 @@ def test_recorded_pacing_waits_at_least_the_recorded_gaps_before_each_op():
         t0 = time.perf_counter()
         e.run_iteration()
         assert time.perf_counter() - t0 >= 0.020
-    assert e._fast_fn is not None and "_clock()" in e._fast_source()[0]
+    assert e._fast_fn is not None and "_clock()" in e.iteration_source()[0]
     t0 = time.perf_counter()
     e.time_iterations(1)
     assert time.perf_counter() - t0 >= 0.020
@@ -614,7 +615,7 @@ def test_recorded_pacing_waits_at_least_the_recorded_gaps_before_each_op():
     assert plain.pacing == "none" and plain.paced_ops == 0 and plain.pacing_gap_us == 0.0
     plain.probe()
     plain.run_iteration()
-    assert "_clock()" not in plain._fast_source()[0]
+    assert "_clock()" not in plain.iteration_source()[0]
     no_gaps = ex.Executor(_gapped_plan([None, -5.0, float("nan")]), "cpu", pacing="recorded")
     assert no_gaps.pacing == "recorded" and no_gaps.paced_ops == 0 and no_gaps.pacing_gap_us == 0.0
 

@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from mystique.replay import executor as ex
-from mystique.replay.plan import build_plan, classify, match_schema
+from mystique.replay import runtime as ex
+from mystique.replay.classify import classify, match_schema
+from mystique.replay.plan import build_plan
 from mystique.trace import load_trace, replay_ops
 from mystique.trace.model import Node
 
@@ -238,20 +239,26 @@ def test_every_compute_op_of_the_full_shared_traces_replays_on_cpu(archive, memb
     assert _missing(e) == {}, e.counts()["reasons"]
 
 
-def test_single_tensor_adamw_replay_keeps_parameters_finite(tmp_path):
-    """Wrapped Python numbers (betas, eps, bias corrections) arrive as 0-dim tensors with no value:
-    their synthetic stand-ins must not turn the optimizer's arithmetic into NaN or inf."""
+def _adamw_plan(tmp_path, widths, batch, **adamw):
+    """The plan of one single-tensor AdamW training step of a small tanh MLP (``widths``: in, hidden, out)."""
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3))
-    opt = torch.optim.AdamW(model.parameters(), foreach=False)
-    x = torch.randn(5, 8)
+    model = torch.nn.Sequential(torch.nn.Linear(widths[0], widths[1]), torch.nn.Tanh(),
+                                torch.nn.Linear(widths[1], widths[2]))
+    opt = torch.optim.AdamW(model.parameters(), foreach=False, **adamw)
+    x = torch.randn(batch, widths[0])
 
     def step():
         opt.zero_grad(set_to_none=True)
         model(x).pow(2).mean().backward()
         opt.step()
 
-    plan = build_plan(load_trace(capture_et(tmp_path / "adamw.json", step)))
+    return build_plan(load_trace(capture_et(tmp_path / "adamw.json", step)))
+
+
+def test_single_tensor_adamw_replay_keeps_parameters_finite(tmp_path):
+    """Wrapped Python numbers (betas, eps, bias corrections) arrive as 0-dim tensors with no value:
+    their synthetic stand-ins must not turn the optimizer's arithmetic into NaN or inf."""
+    plan = _adamw_plan(tmp_path, (8, 16, 3), 5)
     assert any(op["name"] == "aten::addcdiv_" for op in plan.ops)
     e = ex.Executor(plan.data, "cpu")
     e.probe()
@@ -322,7 +329,7 @@ def test_wrapped_python_number_reusing_a_freed_storage_id_gets_a_storage_of_its_
 
 
 def test_embedding_bag_indices_are_zipf_skewed_and_token_ids_stay_uniform(sparse_trace):
-    from mystique.replay.plan import EMBEDDING_BAG_ZIPF
+    from mystique.replay.recipes import EMBEDDING_BAG_ZIPF
 
     plan = build_plan(sparse_trace)
     bag = _storage_of(plan, lambda op: op["name"] == "aten::embedding_bag")
@@ -337,17 +344,7 @@ def test_replayed_single_tensor_adamw_keeps_the_parameters_scale_over_many_itera
     """Stand-ins for the optimizer's lost Python numbers multiply persistent state every iteration:
     anything but a neutral value shrinks (or grows) the parameters geometrically until gradients are
     denormal and the replay's kernels slow down (or overflow)."""
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 4))
-    opt = torch.optim.AdamW(model.parameters(), foreach=False, weight_decay=0.1)
-    x = torch.randn(8, 16)
-
-    def step():
-        opt.zero_grad(set_to_none=True)
-        model(x).pow(2).mean().backward()
-        opt.step()
-
-    plan = build_plan(load_trace(capture_et(tmp_path / "adamw.json", step)))
+    plan = _adamw_plan(tmp_path, (16, 32, 4), 8, weight_decay=0.1)
     e = ex.Executor(plan.data, "cpu")
     e.probe()
     weights = [t for t in e._external.values() if t.dim() == 2 and t.is_floating_point() and t.requires_grad]

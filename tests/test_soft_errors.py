@@ -15,10 +15,15 @@ import torch
 import torch.nn.functional as F
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
-from mystique.validators.soft_errors import _kernels, abft, bits, campaign, inject, stats
+from mystique.validators.soft_errors import _kernels, abft, campaign, inject, stats
+from mystique.validators.soft_errors.abft import bag_verdict, fused_lookup
+from mystique.validators.soft_errors.abft import gemm as abft_gemm
+from mystique.validators.soft_errors.abft import linear as abft_linear
 from mystique.validators.soft_errors.protect import protect
 
+from mystique.dtypes import int_view
 from mystique.errors import UsageError
+from mystique.faults import BitFlipMode, bits
 
 #: the tests of the compiled verdicts themselves; the rest of this file runs with them off as well (CI)
 needs_kernels = pytest.mark.skipif(os.environ.get(_kernels.DISABLE_ENV) == "1",
@@ -28,6 +33,16 @@ needs_kernels = pytest.mark.skipif(os.environ.get(_kernels.DISABLE_ENV) == "1",
 def _kernels_on(on: bool) -> contextlib.AbstractContextManager:
     """The compiled CPU verdicts as they are (on) or turned off for the block (the torch path)."""
     return contextlib.nullcontext() if on else _kernels.disabled()
+
+
+@contextlib.contextmanager
+def _raw_spy(side_effect=None):
+    """One spy on ``_kernels.raw`` as every checked operator module that fetches kernels calls it."""
+    spy = mock.Mock(wraps=_kernels.raw) if side_effect is None else mock.Mock(side_effect=side_effect)
+    with contextlib.ExitStack() as stack:
+        for module in (abft_gemm, abft_linear, bag_verdict, fused_lookup):
+            stack.enter_context(mock.patch.object(module, "raw", spy))
+        yield spy
 
 FLOATS = [torch.float32, torch.bfloat16, torch.float16]
 ALL = [*FLOATS, torch.int8, torch.int32]
@@ -50,11 +65,11 @@ def test_flipping_the_same_bits_twice_is_identity(dt, value, data):
     width = bits.dtype_bits(dt)
     chosen = data.draw(st.lists(st.integers(0, width - 1), min_size=1, max_size=4, unique=True))
     t = torch.tensor([value]).to(dt)
-    before = bits.int_view(t.clone())
+    before = int_view(t.clone())
     bits.flip_bits_(t, 0, chosen)
-    assert not torch.equal(bits.int_view(t.clone()), before)
+    assert not torch.equal(int_view(t.clone()), before)
     bits.flip_bits_(t, 0, chosen)
-    assert torch.equal(bits.int_view(t.clone()), before)
+    assert torch.equal(int_view(t.clone()), before)
 
 
 @settings(max_examples=40, deadline=None)
@@ -173,7 +188,7 @@ def test_checked_mm_detects_and_locates_an_accumulator_flip(dt):
     c, rep = abft.checked_mm(a, b)
     assert not rep.alarm
     enc = abft.encode_gemm(a, b) if dt == torch.int8 else abft.encode_gemm(a.float(), b.float())
-    acc = abft._accumulate(a, b)
+    acc = abft.accumulate(a, b)
     bit = 3 if dt == torch.int8 else 27  # an int32 low bit / an fp32 exponent bit
     bits.flip_bits_(acc, 5 * 21 + 7, [bit])
     rep = abft.verify_gemm(enc, acc, dtype=dt)
@@ -185,7 +200,7 @@ def test_int8_check_is_exact_even_for_the_lowest_bit():
     a = torch.randint(-128, 128, (16, 64), generator=g, dtype=torch.int8)
     b = torch.randint(-128, 128, (64, 8), generator=g, dtype=torch.int8)
     enc = abft.encode_gemm(a, b)
-    acc = abft._accumulate(a, b)
+    acc = abft.accumulate(a, b)
     assert torch.equal(acc, (a.long() @ b.long()).int())
     bits.flip_bits_(acc, 17, [0])
     assert abft.verify_gemm(enc, acc, dtype=torch.int8).alarm
@@ -260,7 +275,7 @@ def test_lower_bound_fast_path_reaches_the_verdict_of_the_exact_thresholds(m, k,
     with _kernels_on(path == "compiled"):
         enc = abft.encode_gemm(a, b)
         if path == "primed":
-            abft._prime(enc, None)
+            abft.prime(enc, None)
             assert enc.rows.fast is not None
         fast = abft.verify_gemm(enc, acc, dtype=torch.float32)
         exact = abft.verify_gemm(enc, acc, dtype=torch.float32, exact_ratio=True)
@@ -287,18 +302,18 @@ def test_checked_linear_encodes_a_weight_once_and_again_after_an_update():
     g = torch.Generator().manual_seed(5)
     x, w, bias = torch.randn(16, 24, generator=g), torch.randn(8, 24, generator=g), torch.randn(8, generator=g)
     _, rep = abft.checked_linear(x, w, bias)
-    enc = abft._LINEARS.get(w, bias)
-    assert not rep.alarm and abft._LINEARS.get(w, bias) is enc
+    enc = abft_linear._LINEARS.get(w, bias)
+    assert not rep.alarm and abft_linear._LINEARS.get(w, bias) is enc
     with torch.no_grad():
         w.mul_(3.0)  # an optimizer step: the version changes, a stale encoding would raise alarms
     y, rep = abft.checked_linear(x, w, bias)
-    assert not rep.alarm and abft._LINEARS.get(w, bias) is not enc
+    assert not rep.alarm and abft_linear._LINEARS.get(w, bias) is not enc
     assert torch.allclose(y, F.linear(x, w, bias), atol=1e-5)
     with pytest.raises(UsageError):
         abft.encode_linear(w, torch.zeros(3))
     key = id(w)
     del w
-    assert key not in abft._LINEARS.entries  # the cached encoding does not keep a dead weight's memory
+    assert key not in abft_linear._LINEARS.entries  # the cached encoding does not keep a dead weight's memory
 
 
 @settings(max_examples=120, deadline=None)
@@ -348,7 +363,7 @@ def test_compiled_checked_products_reach_the_verdict_of_the_exact_path(m, k, n, 
             bits.flip_bits_(out, spot, [bit])
         return out
 
-    with mock.patch.object(abft.torch, "addmm" if bias is not None else "mm", side_effect=flipped) as spy:
+    with mock.patch.object(torch, "addmm" if bias is not None else "mm", side_effect=flipped) as spy:
         if op == "mm":
             c, fast = abft.checked_mm(a, b)
         else:
@@ -371,19 +386,19 @@ def test_the_compiled_verdicts_run_in_the_test_environment():
     g = torch.Generator().manual_seed(0)
     a, b = torch.randn(8, 5, generator=g), torch.randn(5, 6, generator=g)
     enc = abft.encode_gemm(a, b)
-    with mock.patch.object(_kernels, "gemm_lower", wraps=_kernels.gemm_lower) as spy:
+    with mock.patch.object(abft_gemm, "gemm_lower", wraps=_kernels.gemm_lower) as spy:
         assert not abft.verify_gemm(enc, a @ b, dtype=torch.float32).alarm
     assert spy.call_count == 1
-    abft._MM_PLANS.clear()  # (the kernels of a shape are looked up once, with its plan)
-    with mock.patch.object(_kernels, "raw", wraps=_kernels.raw) as spy:
+    abft_gemm._MM_PLANS.clear()  # (the kernels of a shape are looked up once, with its plan)
+    with _raw_spy() as spy:
         assert not abft.checked_mm(a, b)[1].alarm
     assert [c.args[0] for c in spy.call_args_list] == ["b_pass", "a_pass", "mm_exact"]
-    with mock.patch.object(_kernels, "raw", wraps=_kernels.raw) as spy:
+    with _raw_spy() as spy:
         assert not abft.checked_linear(a, b.t().contiguous(), torch.randn(6, generator=g))[1].alarm
     assert [c.args[0] for c in spy.call_args_list] == ["x_pass", "mm_exact"]
     table = abft.checked_table(torch.randn(30, 4, generator=g))
     idx, off = torch.randint(0, 30, (12,), generator=g), torch.tensor([0, 5])
-    with mock.patch.object(_kernels, "raw", wraps=_kernels.raw) as spy:
+    with _raw_spy() as spy:
         assert not abft.checked_embedding_bag(table, idx, off)[1].alarm
     assert [c.args[0] for c in spy.call_args_list] == ["bag_lookup"]
 
@@ -440,7 +455,7 @@ def test_bitflip_mode_is_seeded_filters_ops_and_calls():
     clean = a @ b
 
     def go(**kw):
-        mode = inject.BitFlipMode(**kw)
+        mode = BitFlipMode(**kw)
         with mode:
             outs = [a @ b, a + b, a @ b]
         return mode, outs
@@ -451,7 +466,7 @@ def test_bitflip_mode_is_seeded_filters_ops_and_calls():
     assert torch.equal(o1[0], clean) and not torch.equal(o1[2], clean) and torch.equal(o1[1], a + b)
     assert all(r.bits[0] in range(23, 31) for r in m1.records)
     with pytest.raises(UsageError):
-        inject.BitFlipMode(rate=2.0)
+        BitFlipMode(rate=2.0)
 
 
 # ----------------------------------------------------------------------------- campaigns
@@ -549,7 +564,7 @@ def test_pooled_reference_equals_an_fp64_embedding_bag_for_any_bag_layout(rows, 
     idx = torch.randint(0, rows, (sum(lengths),), generator=g)
     off = torch.tensor([0, *torch.tensor(lengths).cumsum(0)[:-1].tolist()])
     psw = torch.rand(idx.numel(), generator=g) if weighted and mode == "sum" else None
-    pooled, fp64 = abft._pooled(col, idx, off, mode, len(lengths), psw)
+    pooled, fp64 = bag_verdict._pooled(col, idx, off, mode, len(lengths), psw)
     got = pooled.double().numpy()
     ref = F.embedding_bag(idx, col.double(), off, mode=mode,
                           per_sample_weights=psw.double() if psw is not None else None)[:, 0]
@@ -596,10 +611,10 @@ def test_protect_checks_every_kind_of_lookup_once_and_flags_a_corrupted_one(kind
                 "bag_last_offset": (idx, torch.cat([off, torch.tensor([50])])),
                 "bag_weighted": (idx, off, torch.rand(50))}.get(kind, (idx, off))
     pooled = []
-    real, compiled = abft._pooled, _kernels.raw
+    real, compiled = bag_verdict._pooled, _kernels.raw
     with torch.no_grad(), protect(mod) as guard, \
-            mock.patch.object(abft, "_pooled", lambda *a, **k: pooled.append(1) or real(*a, **k)), \
-            mock.patch.object(_kernels, "raw", lambda name: pooled.append(name) or compiled(name)):
+            mock.patch.object(bag_verdict, "_pooled", lambda *a, **k: pooled.append(1) or real(*a, **k)), \
+            _raw_spy(lambda name: pooled.append(name) or compiled(name)):
         clean = mod(*args)
         # one row-sum gather per call: torch's (_pooled), the compiled verdict's or the fused lookup's
         assert guard.checks == 1 and not guard.alarms and \
@@ -616,13 +631,13 @@ def test_bitflip_mode_corrupts_the_result_of_an_out_variant_but_leaves_in_place_
     # result like any other, so the dispatch-mode fault simulation must reach it
     a, b = torch.randn(8, 8), torch.randn(8, 8)
     out = torch.empty(8, 8)
-    with inject.BitFlipMode(rate=1.0, bit_class="sign", seed=0, ops="mm,add_") as mode:
+    with BitFlipMode(rate=1.0, bit_class="sign", seed=0, ops="mm,add_") as mode:
         torch.mm(a, b, out=out)
         x = torch.ones(4)
         x.add_(1.0)
     assert len(mode.records) == 64 and all("mm" in r.target for r in mode.records)
     assert torch.equal(out, -(a @ b)) and torch.equal(x, torch.full((4,), 2.0))
-    with inject.BitFlipMode(rate=1.0, bit_class="exponent", seed=0, ops="mm"):
+    with BitFlipMode(rate=1.0, bit_class="exponent", seed=0, ops="mm"):
         _, rep = abft.checked_mm(a, b)
     assert rep.alarm
 
@@ -633,7 +648,7 @@ def test_protect_takes_the_compiled_linear_check_while_training():
     # outputs that require grad (a training step) are read through detached views: still compiled
     model = torch.nn.Sequential(torch.nn.Linear(12, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3))
     x = torch.randn(5, 12)
-    with protect(model) as guard, mock.patch.object(_kernels, "raw", wraps=_kernels.raw) as spy:
+    with protect(model) as guard, _raw_spy() as spy:
         model(x).sum().backward()
     assert [c.args[0] for c in spy.call_args_list] == ["x_pass", "mm_exact"] * 2 and guard.checks == 2 and not guard.alarms
     assert model[0].weight.grad is not None
@@ -666,7 +681,7 @@ def test_a_kernel_cache_numba_cannot_load_falls_back_to_compiling_without_it(mon
 def _spy_kernels():
     names: list[str] = []
     real = _kernels.raw
-    return names, mock.patch.object(_kernels, "raw", lambda name: names.append(name) or real(name))
+    return names, _raw_spy(lambda name: names.append(name) or real(name))
 
 
 @needs_kernels
@@ -768,7 +783,7 @@ def test_torchs_lookup_runs_under_a_dispatch_mode_under_autograd_and_where_the_k
     idx, off = torch.randint(0, 50, (30,), generator=g), torch.tensor([0, 10, 20])
     table = abft.checked_table(w)
     # a fault simulated on torch's operators reaches the lookup (and is caught)
-    with inject.BitFlipMode(rate=1.0, bit_class="exponent", seed=0, max_flips=1,
+    with BitFlipMode(rate=1.0, bit_class="exponent", seed=0, max_flips=1,
                             ops="_embedding_bag_forward_only,_embedding_bag"):
         out, rep = abft.checked_embedding_bag(table, idx, off)
     assert rep.alarm and not torch.equal(out, F.embedding_bag(idx, w, off))
@@ -786,7 +801,7 @@ def test_torchs_lookup_runs_under_a_dispatch_mode_under_autograd_and_where_the_k
     assert torch.equal(out, F.embedding_bag(idx, w, off, mode="sum", per_sample_weights=psw)) and not rep.alarm
     assert "bag_lookup" not in names
     # a torch build that rounds otherwise: the fused lookup is not used
-    monkeypatch.setitem(abft._AGREE, (False, False), False)
+    monkeypatch.setitem(fused_lookup._AGREE, (False, False), False)
     names, spy = _spy_kernels()
     with spy:
         assert not abft.checked_embedding_bag(table, idx, off)[1].alarm
@@ -795,8 +810,8 @@ def test_torchs_lookup_runs_under_a_dispatch_mode_under_autograd_and_where_the_k
 
 @needs_kernels
 def test_the_fused_lookup_agreement_check_catches_a_kernel_that_rounds_otherwise(monkeypatch):
-    monkeypatch.setattr(abft, "_AGREE", {})
-    assert abft._fused_lookups_agree(False, True) and abft._fused_lookups_agree(True, False)
+    monkeypatch.setattr(fused_lookup, "_AGREE", {})
+    assert fused_lookup.fused_lookups_agree(False, True) and fused_lookup.fused_lookups_agree(True, False)
     real = _kernels._kernels()["bag_lookup"]
 
     def off_by_one_ulp(*args):
@@ -804,9 +819,9 @@ def test_the_fused_lookup_agreement_check_catches_a_kernel_that_rounds_otherwise
         args[5][0, 0] = np.nextafter(args[5][0, 0], np.float32(np.inf))
         return worst
 
-    monkeypatch.setattr(abft, "_AGREE", {})
+    monkeypatch.setattr(fused_lookup, "_AGREE", {})
     monkeypatch.setitem(_kernels._kernels(), "bag_lookup", off_by_one_ulp)
-    assert not abft._fused_lookups_agree(False, False)
+    assert not fused_lookup.fused_lookups_agree(False, False)
 
 
 @needs_kernels

@@ -10,19 +10,29 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from mystique.validators import soft_errors
-from mystique.validators.soft_errors import inject, overhead, sdc
+from mystique.validators.groups import GroupContext
+from mystique.validators.soft_errors import overhead, sdc
+from mystique.validators.soft_errors.checks import abft_gemm, common
+from mystique.validators.soft_errors.checks import overhead as overhead_group
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from mystique.cli import main
-from mystique.results import COLUMNS, read_csv
+from mystique.faults import BitFlipMode, FaultSpec, bitflip_mode
+from mystique.progress import Progress
+from mystique.results import COLUMNS, Results, RunContext, read_csv
 from mystique.targets import Target
 
 SMALL = {"trials": 120, "fp_trials": 90, "pvf_trials": 4, "sdc_runs": 3, "workload_seeds": 1}
 
 
+def _context(res: Results, target: Target, seed: int) -> GroupContext:
+    """What run() hands a check group, for calling one group directly."""
+    return GroupContext(target, res, seed, "quick", Progress("soft_errors"))
+
+
 def corrupt_mm():
     """--inject factory used by the CLI test: flips exponent bits in about 1% of every mm output."""
-    return inject.BitFlipMode(rate=0.01, bit_class="exponent", seed=1, ops="mm")
+    return BitFlipMode(rate=0.01, bit_class="exponent", seed=1, ops="mm")
 
 
 def test_groups_name_every_check_group():
@@ -48,11 +58,9 @@ def test_run_on_a_healthy_cpu_passes_and_reports_rates_with_intervals(tmp_path):
     assert (df[df.metric.isin(["trials", "significant_fraction"])].status == "info").all()
     ci = df[df.metric.isin(["detection_rate_ci_low", "false_positive_rate_ci_high"])]
     assert (ci.status == "info").sum() > 10 and set(ci.status) <= {"info", "skip"}  # (skip: no significant flip)
-    from mystique.validators.soft_errors import runner
-
-    res = runner.Results(runner.RunContext("cpu"), "soft_errors")  # a rate without a target: a contrast
-    runner._rate_rows(res, "detection_campaign", "x", "", "detection_rate", 3, 4, target=None, higher_is_better=True,
-                      detail="")
+    res = Results(RunContext("cpu"), "soft_errors")  # a rate without a target: a contrast
+    common.rate_rows(res, "detection_campaign", "x", "", "detection_rate", 3, 4, target=None, higher_is_better=True,
+                     detail="")
     assert [r["status"] for r in res.rows] == ["info"] * 4
     assert set(df[df.threshold.notna()].status) <= {"pass", "skip"} and "info" not in set(df[df.threshold.notna()].status)
     assert {"bit_class/exponent", "bit_class/mantissa", "bit_class/sign"} <= set(df.subject)
@@ -75,38 +83,34 @@ class _RectangleInt8(TorchDispatchMode):
 
 
 def test_abft_gemm_clean_row_fails_when_the_product_differs_from_the_golden_beyond_its_bound():
-    from mystique.validators.soft_errors import runner
-
-    res = runner.Results(runner.RunContext("cpu"), "soft_errors")
-    runner._group_abft_gemm(res, Target("cpu", _RectangleInt8, "rectangle"), 0, {})
+    res = Results(RunContext("cpu"), "soft_errors")
+    abft_gemm.run_abft_gemm(_context(res, Target("cpu", _RectangleInt8, "rectangle"), 0))
     clean = {r["dtype"]: r for r in res.rows if r["metric"] == "clean_alarm"}
     assert clean["int8"]["status"] == "fail", clean["int8"]["detail"]
     assert "differs from the CPU golden beyond its bound" in clean["int8"]["detail"]
     assert "bound 0 (exact int32 product)" in clean["int8"]["detail"]
     assert {clean[d]["status"] for d in ("float32", "bfloat16", "float16")} == {"pass"}
-    healthy = runner.Results(runner.RunContext("cpu"), "soft_errors")
-    runner._group_abft_gemm(healthy, Target("cpu"), 3, {})
+    healthy = Results(RunContext("cpu"), "soft_errors")
+    abft_gemm.run_abft_gemm(_context(healthy, Target("cpu"), 3))
     rows = [r for r in healthy.rows if r["metric"] == "clean_alarm"]
     assert [r["status"] for r in rows] == ["pass"] * 4
     assert all("max |c - golden| / bound" in r["detail"] for r in rows)
 
 
 def test_golden_bound_of_a_float_product_is_the_gemm_error_bound():
-    from mystique.validators.soft_errors import runner
-
     g = torch.Generator().manual_seed(0)
     a, b = torch.randn(16, 40, generator=g), torch.randn(40, 8, generator=g)
     golden = a @ b
-    ratio, where, text = runner._golden_deviation(golden, golden, a, b, "float32", "")
+    ratio, where, text = abft_gemm.golden_deviation(golden, golden, a, b, "float32", "")
     assert ratio == 0 and where is None and "gamma_40(u=2^-24) [device]" in text
     bound = (a.double().abs() @ b.double().abs()) * 2 * (40 * 2.0**-24) / (1 - 40 * 2.0**-24)
     bad = golden.clone()
     bad[3, 5] += 2 * float(bound[3, 5])
-    ratio, where, _ = runner._golden_deviation(bad, golden, a, b, "float32", "")
+    ratio, where, _ = abft_gemm.golden_deviation(bad, golden, a, b, "float32", "")
     assert where == (3, 5) and 1.9 < ratio < 2.1
     ok = golden.clone()
     ok[3, 5] += 0.5 * float(bound[3, 5])
-    assert runner._golden_deviation(ok, golden, a, b, "float32", "")[0] < 0.6
+    assert abft_gemm.golden_deviation(ok, golden, a, b, "float32", "")[0] < 0.6
 
 
 def test_pvf_ranks_the_parameter_groups_of_the_debug_dlrm():
@@ -140,10 +144,10 @@ def test_pvf_control_fails_on_a_device_that_changes_the_output_without_any_flip(
 
 
 def test_sdc_screen_reports_the_first_mismatch_of_a_corrupted_run():
-    modes: list[inject.BitFlipMode] = []
+    modes: list[BitFlipMode] = []
 
     def factory():  # corrupt only the second run, one element, bit 30
-        mode = inject.BitFlipMode(rate=1.0 if len(modes) == 1 else 0.0, bits=[30], seed=2, max_flips=1)
+        mode = BitFlipMode(rate=1.0 if len(modes) == 1 else 0.0, bits=[30], seed=2, max_flips=1)
         modes.append(mode)
         return mode
 
@@ -237,9 +241,7 @@ def test_cli_rejects_bad_overhead_options_with_exit_2_and_writes_nothing(tmp_pat
 
 
 def test_bitflip_mode_registers_as_a_fault_spec():
-    from mystique.faults import FaultSpec
-
-    spec = FaultSpec("bitflip", "flip bits", "SDC", inject.bitflip_mode,
+    spec = FaultSpec("bitflip", "flip bits", "SDC", bitflip_mode,
                      {"rate": 1e-6, "bit_class": "any", "seed": 0, "ops": "", "bits": "", "calls": ""})
     mode = spec.build(**{**spec.params, "rate": 1.0, "bits": "30", "ops": "mm+addmm", "calls": "0"})
     a = torch.ones(2, 2)
@@ -344,13 +346,11 @@ def test_overhead_group_times_the_product_paths_with_an_aa_control():
     ([1.00, 1.00, 1.00, 1.00, 1.00, 1.00, 1.00, 1.00, 1.11], "pass"),  # an outlier round moves neither
 ])
 def test_overhead_verdicts_come_from_the_interval_not_the_median_alone(checked, status):
-    from mystique.validators.soft_errors import runner
-
     base = [1.0] * len(checked)
     t = overhead.Timings({"b": base, "c": checked}, {"b": base, "c": checked}, len(base), "test", 1e-9)
-    res = runner.Results(runner.RunContext("cpu"), "soft_errors")
-    runner._overhead_rows(res, t, "9", (("gemm", "c", "b", "float32", "demo"),), (("floor", "c", "b", "demo"),),
-                          0.05, "common")
+    res = Results(RunContext("cpu"), "soft_errors")
+    overhead_group.overhead_rows(res, t, "9", (("gemm", "c", "b", "float32", "demo"),), (("floor", "c", "b", "demo"),),
+                                 0.05, "common")
     rows = {r["metric"]: r for r in res.rows}
     lo, hi = t.interval("c", "b")
     assert rows["abft_overhead"]["status"] == status and rows["abft_floor"]["status"] == "info"

@@ -347,7 +347,7 @@ def test_a_decompression_bomb_is_refused_without_exhausting_memory(tmp_path, mon
 
 
 def test_the_size_cap_applies_to_plain_json_and_has_a_2_gib_default(tmp_path, monkeypatch):
-    from mystique.trace.loader import DEFAULT_MAX_TRACE_BYTES, max_trace_bytes
+    from mystique.trace.files import DEFAULT_MAX_TRACE_BYTES, max_trace_bytes
 
     monkeypatch.delenv(GZ_LIMIT, raising=False)
     assert max_trace_bytes() == DEFAULT_MAX_TRACE_BYTES == 2 * 1024**3

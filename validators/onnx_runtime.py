@@ -39,6 +39,9 @@ import pandas as pd
 import torch
 
 from mystique import onnx_export
+from mystique import workloads as wl
+from mystique.dtypes import name as dtype_name
+from mystique.dtypes import unit_roundoff
 from mystique.errors import UsageError
 from mystique.progress import Progress
 from mystique.results import Results, RunContext
@@ -48,12 +51,11 @@ WORKLOADS = ("llama", "dlrm", "bert")
 LOW_DTYPES = ("float16", "bfloat16")
 
 #: Bound on the normwise relative error between ONNX Runtime and PyTorch, both in float32.
-#: Both evaluate the same operators in fp32 (unit roundoff u = 2^-24 = 6e-8) and differ only in
-#: summation order, fused kernels and transcendental approximations. A length-K dot product
-#: reordered moves by about sqrt(K) u in a normwise sense (2e-6 at K = 1024), and a few such
-#: stages through normalisation layers stay near 1e-6; measured: 5e-8 to 5e-7. 1e-4 leaves 100x
-#: headroom while an operator computed in reduced precision (fp16: u = 4.9e-4, bf16: 3.9e-3)
-#: or a wrong operator (O(1)) fails.
+#: Both evaluate the same operators in fp32 (unit roundoff u = 2^-24) and differ only in
+#: summation order, fused kernels and transcendental approximations: a length-K dot product
+#: reordered moves by about sqrt(K) u in a normwise sense, a few such stages through
+#: normalisation layers stay near 1e-6. 1e-4 leaves headroom for those while an operator computed
+#: in reduced precision (fp16: u = 4.9e-4, bf16: 3.9e-3) or a wrong operator (O(1)) fails.
 FP32_TOLERANCE = 1e-4
 #: Multiple of the unit roundoff bounding a low-precision forward against the fp64 golden.
 LOWP_UNITS = 16
@@ -64,12 +66,11 @@ def lowp_bound(dtype: torch.dtype) -> float:
     ``LOWP_UNITS`` unit roundoffs (fp16: 7.8e-3, bf16: 6.25e-2).
 
     A forward pass is a few dozen rounding stages (weights rounded to ``dtype``, gemms, norms,
-    softmax) whose errors add up in norm roughly as sqrt(stages) u; PyTorch's own float16 /
-    bfloat16 forwards of the reference workloads measure 0.5u to 2u. 16u leaves room for a
+    softmax) whose errors add up in norm roughly as sqrt(stages) u. 16u leaves room for a
     different but correct evaluation order, while a graph that silently drops to a narrower
     format (fp8: u >= 2^-4) or computes a wrong operator does not fit.
     """
-    return LOWP_UNITS * float(torch.finfo(dtype).eps) / 2
+    return LOWP_UNITS * unit_roundoff(dtype)
 
 
 def normwise_error(out: np.ndarray | torch.Tensor, ref: np.ndarray | torch.Tensor) -> float:
@@ -154,7 +155,7 @@ def with_extra_outputs(model_path: Path, values: dict[str, torch.dtype], dest: P
     for name, dtype in values.items():
         if name in have:
             continue
-        elem = onnx.helper.np_dtype_to_tensor_dtype(np.dtype(str(dtype).replace("torch.", "").replace("bfloat16", "float32")))
+        elem = onnx.helper.np_dtype_to_tensor_dtype(np.dtype(dtype_name(dtype).replace("bfloat16", "float32")))
         if dtype == torch.bfloat16:
             elem = onnx.TensorProto.BFLOAT16
         proto.graph.output.append(onnx.helper.make_tensor_value_info(name, elem, None))
@@ -363,8 +364,6 @@ def run(target: Target, *, workloads: tuple[str, ...] | list[str] = WORKLOADS, c
     suite ``onnx``). Raises UsageError for unknown names or dtypes and EnvironmentUnsupported when
     an ONNX package is missing.
     """
-    from mystique import workloads as wl
-
     onnx_export.require()
     for name in workloads:
         if name not in wl.names():

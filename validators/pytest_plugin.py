@@ -24,14 +24,17 @@ in a source checkout imports ``validators`` as a second top-level package; a col
 import at all and its items go through pytest's ordinary collection, selection and reporting.
 
 At session end, when ``--mystique-report-dir DIR`` is given, ``DIR/results.csv`` holds every row
-and ``DIR/report.html`` the rendered report (when ``mystique.reports.render_report`` exists). As
-with the CLI's output folders, DIR must be new or empty unless ``--mystique-force`` is given.
+and ``DIR/report.html`` the rendered report (:func:`mystique.reports.render_report`). As with the
+CLI's output folders, DIR must be new or empty unless ``--mystique-force`` is given.
+
+Validators are imported by name with :mod:`importlib` (a short name of ``mystique.validators.*`` or
+a user's dotted module path); the suite's own modules are imported plainly, inside the hooks that
+need them, so that importing the plugin stays cheap.
 """
 
 from __future__ import annotations
 
 import importlib
-import inspect
 import shutil
 import tempfile
 import traceback
@@ -219,25 +222,16 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
 
 def write_outputs(state: QualState) -> None:
-    """Write ``results.csv`` (every row) and, where the reports package can, ``report.html``."""
-    from mystique import results
+    """Write ``results.csv`` (every row) and ``report.html`` (unless rendering it fails: then a note says why)."""
+    from mystique import reports, results
 
     state.report_dir.mkdir(parents=True, exist_ok=True)
     csv_path = state.report_dir / "results.csv"
     results.write_csv(collected_rows(state), csv_path)
     state.written = True
-    try:
-        reports = importlib.import_module("mystique.reports")
-    except ImportError:
-        reports = None
-    render = getattr(reports, "render_report", None)
-    if render is None:
-        state.report_note = "report.html not written: mystique.reports.render_report is not available"
-        return
     html = state.report_dir / "report.html"
-    accepts_force = "force" in inspect.signature(render).parameters
     try:
-        render([csv_path], html, **({"force": True} if accepts_force else {}))
+        reports.render_report([csv_path], html, force=True)
     except Exception as exc:  # the rows are safe in results.csv; a broken renderer must not hide them
         state.report_note = f"report.html not written: {type(exc).__name__}: {exc}"
         return
@@ -294,18 +288,31 @@ def load_validator(name: str) -> tuple[Any | None, str]:
     return module, ""
 
 
-class QualificationCollector(pytest.Collector):
+class _Node:
+    """What every node of the plugin shares: its location is its node id."""
+
+    def reportinfo(self) -> tuple[Path, int | None, str]:
+        return self.path, 0, self.nodeid
+
+
+class _Item(_Node, pytest.Item):
+    """An item of the plugin: a :class:`QualificationFailure` is reported as its message alone."""
+
+    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> Any:
+        if isinstance(excinfo.value, QualificationFailure):
+            return str(excinfo.value)
+        return super().repr_failure(excinfo, style=style)
+
+
+class QualificationCollector(_Node, pytest.Collector):
     """The ``mystique`` node: one child per configured validator."""
 
     def collect(self) -> list[pytest.Collector]:
         state = self.config.stash[STATE_KEY]
         return [ValidatorCollector.from_parent(self, name=marker_name(v), validator=v) for v in state.validators]
 
-    def reportinfo(self) -> tuple[Path, int | None, str]:
-        return self.path, 0, self.name
 
-
-class ValidatorCollector(pytest.Collector):
+class ValidatorCollector(_Node, pytest.Collector):
     """One validator: one item per group at the session's level, or one skipped item."""
 
     def __init__(self, *, validator: str, **kwargs: Any) -> None:
@@ -332,11 +339,8 @@ class ValidatorCollector(pytest.Collector):
             items.append(item)
         return items
 
-    def reportinfo(self) -> tuple[Path, int | None, str]:
-        return self.path, 0, f"{ROOT_NAME}::{self.name}"
 
-
-class UnavailableValidatorItem(pytest.Item):
+class UnavailableValidatorItem(_Item):
     """Stands for a validator that is not installed or lacks the contract: always skipped."""
 
     def __init__(self, *, reason: str, **kwargs: Any) -> None:
@@ -347,11 +351,8 @@ class UnavailableValidatorItem(pytest.Item):
     def runtest(self) -> None:
         pytest.skip(self.reason)
 
-    def reportinfo(self) -> tuple[Path, int | None, str]:
-        return self.path, 0, self.nodeid
 
-
-class BrokenValidatorItem(pytest.Item):
+class BrokenValidatorItem(_Item):
     """Stands for a validator whose import raised: always fails with the import error."""
 
     def __init__(self, *, error: BaseException, **kwargs: Any) -> None:
@@ -363,14 +364,6 @@ class BrokenValidatorItem(pytest.Item):
             f"validator {self.parent.validator} failed to import: {type(self.error).__name__}: {self.error}\n"
             + "".join(traceback.format_exception(type(self.error), self.error, self.error.__traceback__))
         )
-
-    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> Any:
-        if isinstance(excinfo.value, QualificationFailure):
-            return str(excinfo.value)
-        return super().repr_failure(excinfo, style=style)
-
-    def reportinfo(self) -> tuple[Path, int | None, str]:
-        return self.path, 0, self.nodeid
 
 
 def format_failure(validator: str, group: str, df: Any, seed: int, target_label: str) -> str:
@@ -392,7 +385,7 @@ def format_failure(validator: str, group: str, df: Any, seed: int, target_label:
     return "\n".join(lines)
 
 
-class CheckGroupItem(pytest.Item):
+class CheckGroupItem(_Item):
     """One group of one validator, run on the session's target."""
 
     def __init__(self, *, module: Any, group: str, **kwargs: Any) -> None:
@@ -467,14 +460,6 @@ class CheckGroupItem(pytest.Item):
         rows.add("validator_error", self.group, "exception", None, status="error",
                  detail=f"{type(exc).__name__}: {exc} (seed {state.seed})")
         state.frames.append(rows.frame())
-
-    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> Any:
-        if isinstance(excinfo.value, QualificationFailure):
-            return str(excinfo.value)
-        return super().repr_failure(excinfo, style=style)
-
-    def reportinfo(self) -> tuple[Path, int | None, str]:
-        return self.path, 0, self.nodeid
 
 
 def _remove_empty_dirs(path: Path, stop: Path | None) -> None:

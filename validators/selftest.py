@@ -25,10 +25,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mystique import results
+from mystique.reports import render_report
+
+from mystique import faults, results
 from mystique.errors import MystiqueError, UsageError
 from mystique.io import atomic_write_text, check_output_dir, staged_output_dir
+from mystique.progress import Progress
 from mystique.targets import make_target
+
+from .qualify import qualify
 
 HEALTHY = "healthy"
 
@@ -59,9 +64,6 @@ class RunOutcome:
 
 def fault_specs(extra: Sequence[str] = (), only: Sequence[str] | None = None) -> list[str]:
     """The built-in fault simulations (or ``only`` of them), then the user's ``--inject`` specs."""
-    from mystique import faults
-
-    faults.load_builtin()
     names = sorted(faults.FAULTS)
     if only:
         unknown = [n for n in only if n not in faults.FAULTS]
@@ -81,8 +83,6 @@ def _folder(spec: str) -> str:
 
 def _run_one(stage: Path, name: str, folder: str, *, device: str, inject: str | None, emulate: str | None,
              level: str, seed: int, validators: Sequence[str] | None) -> RunOutcome:
-    from .qualify import qualify
-
     t0 = time.perf_counter()
     out = stage / folder
     log = io.StringIO()  # pytest's own report of the run: kept beside its results, not on the terminal
@@ -112,8 +112,6 @@ def selftest(output: str | os.PathLike, *, device: str = "cpu", emulate: str | N
     (``healthy/``, ``fault-NAME/``) with that run's ``results.csv``, ``report.html``, ``junit.xml`` and
     ``pytest.log``.
     """
-    from mystique.progress import Progress
-
     if level not in ("quick", "full"):
         raise UsageError(f"unknown level {level!r}; expected quick or full")
     specs = fault_specs(inject, faults)
@@ -134,8 +132,6 @@ def selftest(output: str | os.PathLike, *, device: str = "cpu", emulate: str | N
                           + f" ({o.seconds:.1f} s)")
         df = rows(target, outcomes, level=level, seed=seed, emulate=emulate)
         results.write_csv(df, stage / "results.csv")
-        from mystique.reports import render_report
-
         tables = [p for p in (stage / "results.csv", stage / HEALTHY / "results.csv") if p.exists()]
         render_report([str(p) for p in tables], str(stage / "report.html"),
                       title=f"Mystique Suite self-test on {target.label}")

@@ -10,20 +10,22 @@ whose ``fn()`` runs exactly one step:
   returns the output (logits or predictions).
 
 Before anything is allocated, the workload's memory estimate is compared with the memory the
-device has available; a config that cannot fit raises :class:`WorkloadTooLarge`. This package
-imports only torch (never the mystique core); the CLI maps ``ValueError`` to a usage error and
-``WorkloadTooLarge`` to an unsupported environment.
+device has available (:mod:`mystique.hostinfo`); a config that cannot fit raises
+:class:`WorkloadTooLarge`. This package imports only torch and that leaf module (never the rest of
+the mystique core); the CLI maps ``ValueError`` to a usage error and ``WorkloadTooLarge`` to an
+unsupported environment.
 """
 
 from __future__ import annotations
 
 import importlib
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
+
+from mystique.hostinfo import host_memory_bytes
 
 MODES = ("train", "infer")
 _MODULES = {"llama": "llama", "dlrm": "dlrm", "bert": "bert"}
@@ -125,6 +127,26 @@ def materialize(model: torch.nn.Module, *, device: torch.device, dtype: torch.dt
     return model.to_empty(device=device)
 
 
+def build_on_meta(make: Callable[[], torch.nn.Module], *, device: torch.device, dtype: torch.dtype,
+                  seed: int) -> torch.nn.Module:
+    """``make()`` built on the ``meta`` device, :func:`materialize`-d on ``device`` in ``dtype``, its
+    weights then drawn from ``seed`` (the model's ``init_weights(generator)``)."""
+    with torch.device("meta"):
+        model = make()
+    materialize(model, device=device, dtype=dtype)
+    model.init_weights(cpu_generator(seed))
+    return model
+
+
+def language_model_terms(cfg: Any, dtype: torch.dtype, batch_size: int | None) -> tuple[int, int, int]:
+    """For a language model's memory estimate: bytes per element of ``dtype``, tokens in the batch
+    (``cfg.batch_size`` unless given, times ``cfg.seq_len``) and the bytes of the logits with their
+    float32 copy, log-softmax and its gradient."""
+    e = dtype_size(dtype)
+    tokens = (batch_size or cfg.batch_size) * cfg.seq_len
+    return e, tokens, tokens * cfg.vocab_size * (e + 3 * 4)
+
+
 def upcast(t: torch.Tensor) -> torch.Tensor:
     """``t`` in at least float32 precision: half types go to float32, float32 and float64 stay."""
     return t.to(torch.promote_types(t.dtype, torch.float32))
@@ -140,17 +162,7 @@ def available_bytes(device: torch.device) -> int | None:
     """Memory available now on ``device`` in bytes (host ``MemAvailable`` for the CPU,
     ``torch.cuda.mem_get_info`` for CUDA), or ``None`` where the backend does not say."""
     if device.type == "cpu":
-        try:
-            with open("/proc/meminfo", encoding="utf-8") as fh:
-                for line in fh:
-                    if line.startswith("MemAvailable:"):
-                        return int(line.split()[1]) * 1024
-        except OSError:
-            pass
-        try:
-            return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
-        except (ValueError, OSError, AttributeError):
-            return None
+        return host_memory_bytes(available=True)
     if device.type == "cuda":
         if not torch.cuda.is_available():
             return None

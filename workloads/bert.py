@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .base import cpu_generator, dtype_size, fill_, materialize, upcast
+from .base import build_on_meta, cpu_generator, fill_, language_model_terms, upcast
 
 NAME = "bert"
 DESCRIPTION = "BERT encoder (post-LN, erf GELU, learned positions, token types) with tied MLM head; AdamW"
@@ -193,11 +193,7 @@ def param_count(cfg: BertConfig) -> int:
 
 def build_model(cfg: BertConfig, *, device: torch.device, dtype: torch.dtype, seed: int) -> BertForMLM:
     """The model on ``device`` with floating parameters in ``dtype``, weights drawn from ``seed``."""
-    with torch.device("meta"):
-        model = BertForMLM(cfg)
-    materialize(model, device=device, dtype=dtype)
-    model.init_weights(cpu_generator(seed))
-    return model
+    return build_on_meta(lambda: BertForMLM(cfg), device=device, dtype=dtype, seed=seed)
 
 
 def make_batch(cfg: BertConfig, *, device: torch.device, seed: int,
@@ -240,13 +236,11 @@ def make_optimizer(model: nn.Module) -> torch.optim.Optimizer:
 
 
 def memory_bytes(cfg: BertConfig, *, mode: str, dtype: torch.dtype, batch_size: int | None = None) -> int:
-    """Estimated peak bytes of one step: parameters, and in train mode gradients, the two AdamW
-    moments and the activations saved for backward; in infer mode the largest transient activations."""
-    e = dtype_size(dtype)
+    """Estimated peak bytes of one BERT step: parameters, and in train mode gradients, AdamW's two
+    moments and the saved activations of every layer; in infer mode the largest transient ones."""
+    e, tokens, logits = language_model_terms(cfg, dtype, batch_size)
     n = param_count(cfg)
-    tokens = (batch_size or cfg.batch_size) * cfg.seq_len
     d, i = cfg.dim, cfg.intermediate_dim
-    logits = tokens * cfg.vocab_size * (e + 3 * 4)  # logits, their float32 copy, log-softmax, its grad
     if mode == "train":
         # saved per layer: input, q, k, v, attention output, projections, two LayerNorms with
         # their statistics, the MLP's pre- and post-GELU activations

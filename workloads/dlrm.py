@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .base import cpu_generator, dtype_size, fill_, materialize, upcast
+from .base import build_on_meta, cpu_generator, dtype_size, fill_, upcast
 
 NAME = "dlrm"
 DESCRIPTION = "DLRM (bottom MLP, EmbeddingBag sum tables, dot interaction, top MLP); BCE-with-logits loss, SGD"
@@ -204,11 +204,7 @@ def param_count(cfg: DLRMConfig) -> int:
 
 def build_model(cfg: DLRMConfig, *, device: torch.device, dtype: torch.dtype, seed: int) -> DLRM:
     """The model on ``device`` with floating parameters in ``dtype``, weights drawn from ``seed``."""
-    with torch.device("meta"):
-        model = DLRM(cfg)
-    materialize(model, device=device, dtype=dtype)
-    model.init_weights(cpu_generator(seed))
-    return model
+    return build_on_meta(lambda: DLRM(cfg), device=device, dtype=dtype, seed=seed)
 
 
 def make_batch(cfg: DLRMConfig, *, device: torch.device, seed: int,

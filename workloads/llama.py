@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .base import cpu_generator, dtype_size, fill_, materialize, upcast
+from .base import build_on_meta, cpu_generator, fill_, language_model_terms, upcast
 
 NAME = "llama"
 DESCRIPTION = "Llama 3 decoder (RMSNorm, RoPE theta 500k, GQA via SDPA, SwiGLU); next-token loss, AdamW"
@@ -237,11 +237,7 @@ def param_count(cfg: LlamaConfig) -> int:
 
 def build_model(cfg: LlamaConfig, *, device: torch.device, dtype: torch.dtype, seed: int) -> Transformer:
     """The model on ``device`` with floating parameters in ``dtype``, weights drawn from ``seed``."""
-    with torch.device("meta"):
-        model = Transformer(cfg)
-    materialize(model, device=device, dtype=dtype)
-    model.init_weights(cpu_generator(seed))
-    return model
+    return build_on_meta(lambda: Transformer(cfg), device=device, dtype=dtype, seed=seed)
 
 
 def make_batch(cfg: LlamaConfig, *, device: torch.device, seed: int,
@@ -270,13 +266,11 @@ def make_optimizer(model: nn.Module) -> torch.optim.Optimizer:
 
 
 def memory_bytes(cfg: LlamaConfig, *, mode: str, dtype: torch.dtype, batch_size: int | None = None) -> int:
-    """Estimated peak bytes of one step: parameters, and in train mode gradients, the two AdamW
-    moments and the activations saved for backward; in infer mode the largest transient activations."""
-    e = dtype_size(dtype)
+    """Peak bytes of one Llama step, estimated: the parameters; in train mode also their gradients,
+    both AdamW moments and each block's saved activations; in infer mode the transient activations."""
+    e, tokens, logits = language_model_terms(cfg, dtype, batch_size)
     n = param_count(cfg)
-    tokens = (batch_size or cfg.batch_size) * cfg.seq_len
     d, h, kv = cfg.dim, cfg.hidden_dim, cfg.n_kv_heads * cfg.head_dim
-    logits = tokens * cfg.vocab_size * (e + 3 * 4)  # logits, their float32 copy, log-softmax, its grad
     if mode == "train":
         # saved per layer: norm inputs/outputs, q, k, v (k, v repeated), rope and norm float32
         # intermediates, attention output, residuals, w1/w3/silu/product of the MLP

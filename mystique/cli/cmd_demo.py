@@ -6,9 +6,13 @@ them -> the quick validators on ``cpu`` (and ``cuda`` when present) -> ``OUT_DIR
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import click
 
-from . import cli, options
+import mystique.cli.options as options
+
+from .group import cli
 
 VALIDATORS = ("numerics", "soft_errors", "correctness")
 DEMO_TIME_CAP_S = 20.0  # seconds of paired rounds per replay: six replays stay a few minutes on a 2-core CPU
@@ -42,7 +46,6 @@ def demo_cmd(output, config, names, modes, validator_list, iters, timing, half_w
 
     from .. import results
     from ..capture import capture
-    from ..errors import UsageError
     from ..io import staged_output_dir
     from ..progress import Progress
     from ..replay.generate import generate
@@ -52,18 +55,9 @@ def demo_cmd(output, config, names, modes, validator_list, iters, timing, half_w
     from ..workloads import names as workload_names
     from .cmd_replay import ratio_words
 
-    wl = [w.strip() for w in names.split(",") if w.strip()]
-    md = [m.strip() for m in modes.split(",") if m.strip()]
-    vals = [v.strip().replace("-", "_") for v in validator_list.split(",") if v.strip()]
-    for w in wl:
-        if w not in workload_names():
-            raise UsageError(f"unknown workload {w!r}; known: {', '.join(workload_names())}")
-    for m in md:
-        if m not in MODES:
-            raise UsageError(f"unknown mode {m!r}; expected {', '.join(MODES)}")
-    for v in vals:
-        if v not in VALIDATORS:
-            raise UsageError(f"unknown validator {v!r}; expected {', '.join(VALIDATORS)}")
+    wl = _choices(names, workload_names(), "workload", "known:")
+    md = _choices(modes, MODES, "mode")
+    vals = _choices(validator_list.replace("-", "_"), VALIDATORS, "validator")
     devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
     jobs = [(w, m) for w in wl for m in md]
     total = len(jobs) * 3 * len(devices) + len(vals) * len(devices) + 1
@@ -85,12 +79,7 @@ def demo_cmd(output, config, names, modes, validator_list, iters, timing, half_w
                 frames.append(df)
             for v in vals:
                 progress.step(f"validate {v} (quick) on {device}")
-                try:
-                    mod = importlib.import_module(f"mystique.validators.{v}")
-                except ModuleNotFoundError:
-                    continue
-                if not hasattr(mod, "run"):
-                    continue
+                mod = importlib.import_module(f"mystique.validators.{v}")
                 out = stage / "validate" / f"{v}-{device}"
                 out.mkdir(parents=True)
                 df = mod.run(Target(device), level="quick", seed=seed, out_dir=out)
@@ -105,3 +94,14 @@ def demo_cmd(output, config, names, modes, validator_list, iters, timing, half_w
     from .cmd_validate import verdict
 
     return verdict(merged, f"report: {output}/report.html")
+
+
+def _choices(text: str, known: Sequence[str], what: str, label: str = "expected") -> list[str]:
+    """The comma list ``text`` (items stripped, empty ones left out); UsageError naming an unknown item."""
+    from ..errors import UsageError
+
+    items = [x.strip() for x in text.split(",") if x.strip()]
+    for x in items:
+        if x not in known:
+            raise UsageError(f"unknown {what} {x!r}; {label} {', '.join(known)}")
+    return items

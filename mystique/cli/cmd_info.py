@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from . import cli
+from .group import cli
 
 
 @cli.command("workloads")

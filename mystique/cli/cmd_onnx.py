@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import click
 
-from . import cli, options
+import mystique.cli.options as options
+
 from .cmd_validate import run_validator, validate
+from .group import cli
 
 _EXPORTERS = ("auto", "dynamo", "torchscript")
 

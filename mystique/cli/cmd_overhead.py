@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import click
 
-from . import cli, options
+import mystique.cli.options as options
+
+from .group import cli
 
 
 @cli.command("overhead")

@@ -4,16 +4,13 @@ from __future__ import annotations
 
 import click
 
-from . import cli, options
+import mystique.cli.options as options
+
+from .group import cli
 
 
 @cli.command("qualify")
-@options.output_dir
-@options.device
-@options.inject
-@options.emulate
-@options.level
-@options.seed
+@options.device_under_test
 @click.option("--validators", default=None, metavar="NAMES",
               help="Comma-separated validators to run (default: numerics,soft_errors,correctness).")
 @click.option("-k", "keyword", default=None, metavar="EXPR", help="Only the checks matching this pytest -k expression.")
@@ -28,13 +25,12 @@ def qualify_cmd(output, device, inject, emulate, level, seed, validators, keywor
       full   acceptance: every group at published sizes (adds slow groups)
     Exit 0 when every check passed, 1 when any failed (the report names it).
     """
+    from .. import results
     from ..validators.qualify import qualify
 
     names = [v.strip() for v in validators.split(",") if v.strip()] if validators else None
     outcome = qualify(output, device=device, inject=inject, emulate=emulate, level=level, seed=seed, force=force,
                       validators=names, keyword=keyword)
-    from .. import results
-
     click.echo(f"mystique qualify: {outcome.counts.line}; {', '.join(outcome.files)} in {output}")
     if outcome.exit_code == results.NOTHING_CHECKED:
         click.echo("mystique: error: nothing was checked: every qualification row was skipped or a measurement",

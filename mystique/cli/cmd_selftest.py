@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import click
 
-from . import cli, options
+import mystique.cli.options as options
+
+from .cmd_validate import verdict
+from .group import cli
 
 
 @cli.command("selftest")
@@ -30,8 +33,7 @@ def selftest_cmd(output, device, emulate, inject, faults, level, seed, validator
     Exit 0 only when the healthy run has no failed check and every fault is caught; 1 otherwise.
     Run it first on a new device to know whether to trust the suite there.
     """
-    from ..validators.selftest import selftest
-    from .cmd_validate import verdict
+    from ..validators.selftest import selftest  # (torch: imported only when the command runs)
 
     names = [v.strip() for v in validators.split(",") if v.strip()] if validators else None
     only = [f.strip() for f in faults.split(",") if f.strip()] if faults else None

@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from . import cli
+from .group import cli
 
 
 @cli.group("validate")

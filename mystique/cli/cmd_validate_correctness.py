@@ -4,19 +4,15 @@ from __future__ import annotations
 
 import click
 
-from . import options
+import mystique.cli.options as options
+
 from .cmd_validate import run_validator, validate
 
 _GROUPS = ("operator_replay", "workload_output", "repeatability")
 
 
 @validate.command("correctness")
-@options.output_dir
-@options.device
-@options.inject
-@options.emulate
-@options.level
-@options.seed
+@options.device_under_test
 @click.option("--benchmark", "benchmark", default=None, metavar="BENCH_DIR",
               type=click.Path(exists=True, file_okay=True, dir_okay=True),
               help="Replay this benchmark (folder, benchmark.json, trace folder or ET file) instead of the "

@@ -4,19 +4,15 @@ from __future__ import annotations
 
 import click
 
-from . import options
+import mystique.cli.options as options
+
 from .cmd_validate import run_validator, validate
 
 _GROUPS = ("conversions", "special_values", "op_sweep", "accumulation", "model_deviation", "repeatability")
 
 
 @validate.command("numerics")
-@options.output_dir
-@options.device
-@options.inject
-@options.emulate
-@options.level
-@options.seed
+@options.device_under_test
 @click.option("--benchmark", "benchmark", default=None, metavar="BENCH_DIR",
               type=click.Path(exists=True, file_okay=True, dir_okay=True),
               help="Add the GEMM shapes of this benchmark folder (benchmark.json) to the op sweep.")

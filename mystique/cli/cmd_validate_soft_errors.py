@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import click
 
-from . import options
+import mystique.cli.options as options
+
+from ..errors import UsageError
 from .cmd_validate import run_validator, validate
 
 _GROUPS = ("abft_gemm", "abft_embedding_bag", "false_positives", "detection_campaign", "pvf", "sdc_screen",
@@ -12,12 +14,7 @@ _GROUPS = ("abft_gemm", "abft_embedding_bag", "false_positives", "detection_camp
 
 
 @validate.command("soft-errors")
-@options.output_dir
-@options.device
-@options.inject
-@options.emulate
-@options.level
-@options.seed
+@options.device_under_test
 @click.option("--group", "groups", multiple=True, type=click.Choice(_GROUPS), metavar="NAME",
               help=f"Run only this check group (repeatable): {', '.join(_GROUPS)}.")
 @click.option("--trials", type=click.IntRange(1), default=None, help="Injected flips of the detection campaign.")
@@ -45,8 +42,7 @@ def soft_errors_cmd(output, device, inject, emulate, level, seed, groups, trials
     detection and false-positive rates with Wilson intervals, Parameter Vulnerability Factors of the
     reference workloads, repeat-and-compare SDC screening and the checksum overhead.
     """
-    from ..errors import UsageError
-    from ..validators import soft_errors
+    from ..validators import soft_errors  # (torch: imported only when the command runs)
 
     wl = None
     if workloads:
@@ -63,8 +59,6 @@ def soft_errors_cmd(output, device, inject, emulate, level, seed, groups, trials
 
 def _sizes(text: str | None) -> tuple[int, ...] | None:
     """``1024,2048`` -> (1024, 2048); one clear line (exit 2) for anything else."""
-    from ..errors import UsageError
-
     if text is None:
         return None
     try:
@@ -78,8 +72,6 @@ def _sizes(text: str | None) -> tuple[int, ...] | None:
 
 def _tables(text: str | None) -> tuple[tuple[int, int, int, int], ...] | None:
     """``100000x64,1000000x128x512x100`` -> ((rows, dim, bags, length), ...); bags 2048 of 40 by default."""
-    from ..errors import UsageError
-
     if text is None:
         return None
     shapes = []

@@ -1,6 +1,13 @@
-"""Options shared by several commands, defined once."""
+"""Options shared by several commands, defined once.
+
+Command modules import this module as ``import mystique.cli.options as options`` (not ``from .
+import options``, which would import the package ``__init__`` that imports them).
+"""
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
 
 import click
 
@@ -37,6 +44,16 @@ level = click.option(
     "--level", default="quick", show_default=True, type=click.Choice(("quick", "full")),
     help="quick: every boot; full: acceptance.",
 )
+
+
+def device_under_test(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``-o OUT``, ``--device``, ``--inject``, ``--emulate``, ``--level`` and ``--seed``, in this order:
+    the options every command that judges the device under test opens with."""
+    for opt in (seed, level, emulate, inject, device, output_dir):  # innermost first, as stacked decorators
+        fn = opt(fn)
+    return fn
+
+
 iters = click.option("--iters", default=10, show_default=True, type=click.IntRange(1), help="Measured iterations.")
 warmup = click.option("--warmup", default=3, show_default=True, type=click.IntRange(0), help="Warm-up iterations.")
 half_width = click.option(

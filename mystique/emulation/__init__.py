@@ -9,42 +9,21 @@ never while references or goldens are computed. ``--emulate PROFILE`` on ``valid
 and ``selftest`` turns it on; under it a healthy run must report no failure, and every built-in
 fault simulation must still be caught (``mystique selftest --device cpu --emulate cuda``).
 
-Each difference is a :class:`Difference` in one module of this package, naming the documented
-behaviour it imitates. A profile is a list of differences (:data:`PROFILES`).
+Each difference is a :class:`~.difference.Difference` in one module of this package (one module
+per behaviour: ``reductions``, ``attention``, ``autocast``, ``integer_gemm``, ``embedding_bag``,
+``tf32``), naming the documented behaviour it imitates; a new difference goes in the module of its
+behaviour and is listed in that module's ``DIFFERENCES``. A profile is the set of differences that
+name it. This package's ``__init__`` imports no torch (the CLI reads :data:`PROFILES_HELP`).
 """
 
 from __future__ import annotations
 
-import importlib
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import UsageError
+from .difference import PASS, Difference
 
-# The modules that define differences; each exposes ``DIFFERENCES: list[Difference]``.
-_MODULES: tuple[str, ...] = ("reductions", "attention", "autocast", "integer_gemm", "embedding_bag", "tf32")
-
-
-@dataclass(frozen=True)
-class Difference:
-    """One legal difference of a foreign device.
-
-    ``ops`` are the aten base names (``cumsum``, ``mm``, ...) it may change; ``run(func, args,
-    kwargs)`` computes the op as the foreign device would, or returns :data:`PASS` to leave it to
-    the host's kernel. ``documented`` says where the behaviour is stated (PyTorch docs, the
-    kernel's source) or observed (an evidence folder).
-    """
-
-    name: str
-    summary: str
-    documented: str
-    ops: frozenset[str]
-    run: Callable[[Any, tuple, dict], Any]
-    profiles: frozenset[str] = field(default_factory=lambda: frozenset({"cuda"}))
-
-
-PASS = object()  # returned by Difference.run: "the host's kernel is right here"
+__all__ = ["PASS", "PROFILES_HELP", "Difference", "differences", "make_mode"]
 
 PROFILES_HELP: dict[str, str] = {
     "cuda": "an NVIDIA GPU as PyTorch's CUDA backend computes (H100 differences seen 2026-11-25, and the documented ones)",
@@ -55,9 +34,11 @@ def differences(profile: str) -> list[Difference]:
     """The differences of ``profile`` (UsageError for an unknown profile)."""
     if profile not in PROFILES_HELP:
         raise UsageError(f"unknown --emulate profile {profile!r}; known: {', '.join(sorted(PROFILES_HELP))}")
+    # imported here: they import torch, which importing this package must not
+    from . import attention, autocast, embedding_bag, integer_gemm, reductions, tf32
+
     found: list[Difference] = []
-    for name in _MODULES:  # imported here: they import torch, and Difference from this module
-        mod = importlib.import_module(f"{__name__}.{name}")
+    for mod in (reductions, attention, autocast, integer_gemm, embedding_bag, tf32):
         found.extend(d for d in mod.DIFFERENCES if profile in d.profiles)
     return found
 
@@ -68,18 +49,3 @@ def make_mode(profile: str) -> Any:
 
     return EmulationMode(profile, differences(profile))
 
-
-def active_profile() -> str | None:
-    """The profile of the innermost active :class:`~.mode.EmulationMode`, or None.
-
-    Validators ask this where a foreign device's behaviour is a *query*, not an op (``may this
-    device use TF32?``, ``does this SDPA backend have a kernel for fp32?``).
-    """
-    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
-
-    from .mode import EmulationMode
-
-    for mode in reversed(_get_current_dispatch_mode_stack()):
-        if isinstance(mode, EmulationMode):
-            return mode.profile
-    return None

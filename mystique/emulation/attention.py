@@ -21,7 +21,11 @@ import re
 import warnings
 from typing import Any
 
-from . import PASS, Difference
+import torch
+from torch.nn.attention import sdpa_kernel
+
+from .difference import PASS, Difference
+from .mode import active_profile
 
 NO_KERNEL = "No available kernel. Aborting execution."
 # SDPA's own "nothing can run" refusals: CUDA's select_sdp_backend, and the CPU's (sdp_utils_cpp.cpp).
@@ -83,9 +87,6 @@ def reason_from_warnings(caught: list, backend: Any = None) -> str:
 
 def _cuda_query(backend: Any, q: Any, k: Any, v: Any, causal: bool) -> str | None:
     """Ask a real CUDA device through ``torch.backends.cuda.can_use_*`` (debug=True), under ``sdpa_kernel``."""
-    import torch
-    from torch.nn.attention import sdpa_kernel
-
     fn = {"FLASH_ATTENTION": "can_use_flash_attention", "EFFICIENT_ATTENTION": "can_use_efficient_attention",
           "CUDNN_ATTENTION": "can_use_cudnn_attention"}.get(backend.name)
     can_use = getattr(torch.backends.cuda, fn, None) if fn else None
@@ -119,8 +120,6 @@ def refusal(backend: Any, q: Any, k: Any, v: Any, is_causal: bool = False, devic
     actual = q.device.type
     if actual == "cuda":
         return _cuda_query(backend, q, k, v, is_causal)
-    from . import active_profile
-
     profile = active_profile() or (device_type if device_type and device_type != actual else None)
     if profile == "cuda":
         why = dtype_message(name, q, k, v)
@@ -135,8 +134,6 @@ def _flash_cpu(func: Any, args: tuple, kwargs: dict) -> Any:
     takes fp32; math takes anything) and the host's kernel stands in for it; with none enabled it
     warns as ``select_sdp_backend`` does and raises its RuntimeError.
     """
-    import torch
-
     q, k, v = args[0], args[1], args[2]
     if dtype_message("FLASH_ATTENTION", q, k, v) is None:
         return PASS

@@ -7,7 +7,7 @@ can produce gradients that fp16 cannot represent; the AMP docs (CUDA op-specific
 binary_cross_entropy_with_logits over binary_cross_entropy") tell users to take the logits instead.
 The CPU autocast key lists the same op under its fp32 policy, so on the host it simply runs. A
 training step that trains fine under CPU autocast (DLRM's old ``sigmoid`` + BCE loss) therefore
-fails on a healthy H100 with this message; this module makes the emulated device fail the same way.
+fails on a healthy CUDA device with this message; this module makes the emulated device fail the same way.
 
 Only the forward is banned: CUDA registers no autocast kernel for ``binary_cross_entropy_backward``
 (and the engine runs backward with the autocast state of the ``backward()`` call), so the backward
@@ -29,13 +29,10 @@ CUDA autocast runs its fp32 list (``AT_FORALL_FP32`` / ``AT_FORALL_FP32_SET_OPT_
 ``autocast_mode.h``: ``softmax``, ``log_softmax``, ``layer_norm``, ``pow``, ``rsqrt``, ``exp``,
 ``sum``, ``cumsum``, the losses, ...) in fp32 and hands fp32 on, where CPU autocast leaves most of
 them in the input dtype; it also casts ``mv``, ``addmv``, ``addr`` to fp16/bf16, which CPU autocast
-leaves alone. Traced at this dispatch level under CPU bf16 autocast (forward, loss and backward of
-the three reference workloads, debug configs), every op of the CUDA fp32 list already receives fp32
-inputs (the workloads upcast RMSNorm, residuals and losses themselves) except the LayerNorm of
-BERT's MLM head, with a bf16 input: CUDA hands its fp32 output to the decoder ``Linear``, whose
-autocast casts it to bf16, while the CPU kernel computes it in fp32 and rounds its output to bf16,
-the same single rounding. None of them calls ``mv``, ``addmv`` or ``addr``. Emulating these lists
-would change no result the numerics checks see, so they are left out.
+leaves alone. In the reference workloads every op of the CUDA fp32 list already receives fp32
+inputs (they upcast RMSNorm, residuals and losses themselves) or rounds once to the same result
+(the LayerNorm of BERT's MLM head), and none calls ``mv``, ``addmv`` or ``addr``: emulating these
+lists would change no result the numerics checks see, so they are left out.
 """
 
 from __future__ import annotations
@@ -44,7 +41,7 @@ from typing import Any
 
 import torch
 
-from . import PASS, Difference
+from .difference import PASS, Difference
 
 # The message of binary_cross_entropy_banned in aten/src/ATen/autocast_mode.cpp, verbatim.
 BCE_UNSAFE_MESSAGE = (

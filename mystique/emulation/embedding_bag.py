@@ -20,8 +20,8 @@ max_indices    mode sum/mean: a copy of ``bag_size``;      mode sum/mean: ``[0]`
                max: ``[numBags, D]``, 0 for empty bags     D]``, -1 for bags without an index
 =============  ==========================================  ==========================================
 
-The H100 run of 2026-11-25 returned ``offset2bag`` of shape ``[48]`` for DLRM's 48 indices where
-the CPU returned ``[0]``. This module builds the three auxiliary outputs as ``_embedding_bag_cuda``
+So a CUDA device returns ``offset2bag`` of shape ``[48]`` for DLRM's 48 indices where the CPU
+returns ``[0]``. This module builds the three auxiliary outputs as ``_embedding_bag_cuda``
 does, and ``output`` as CUDA's kernel rounds it: each thread sums its bag's rows in index order in
 ``acc_type`` (float32 for half and bfloat16 weights) and rounds once. For float32 weights (and in
 mode max, which selects without rounding) that is the host's result bit for bit (the CPU kernels
@@ -48,7 +48,7 @@ from typing import Any
 
 import torch
 
-from . import PASS, Difference
+from .difference import PASS, Difference
 
 MODE_MAX = 2
 OPS = frozenset({"_embedding_bag", "_embedding_bag_forward_only"})

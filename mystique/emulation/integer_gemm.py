@@ -1,9 +1,8 @@
 """CUDA's GEMM kernel set: no integer GEMM, GEMV or dot; int8 only through ``_int_mm``; half inputs
 with an fp32 output.
 
-Seen on an H100 (torch 2.13, 2026-11-25): ``NotImplementedError: "addmv_impl_cuda" not implemented
-for 'Long'`` and ``"addmm_cuda" not implemented for 'Long'`` from int64 products the CPU computes.
-In aten/src/ATen/native/cuda/Blas.cpp every BLAS op dispatches its cuBLAS call over
+A CUDA device raises ``NotImplementedError: "addmv_impl_cuda" not implemented for 'Long'`` (and
+``"addmm_cuda" ...``) for int64 products the CPU computes. In aten/src/ATen/native/cuda/Blas.cpp every BLAS op dispatches its cuBLAS call over
 ``AT_DISPATCH_FLOATING_AND_COMPLEX_TYPES_AND2(Half, BFloat16, ...)``, which refuses every integer
 and bool dtype with ``TORCH_CHECK_NOT_IMPLEMENTED`` (a ``NotImplementedError``) naming its dispatch:
 ``addmm_cuda`` (mm, addmm and addbmm: ``addmm_out_cuda_impl``, whose dtype is that of ``mat1``),
@@ -35,8 +34,8 @@ from typing import Any
 
 import torch
 
-from ..fault_modes import op_name
-from . import PASS, Difference
+from ..faults.schema import op_name
+from .difference import PASS, Difference
 
 _DTYPE_NAMES: dict[torch.dtype, str] = {
     torch.int64: "Long", torch.int32: "Int", torch.int16: "Short", torch.int8: "Char", torch.uint8: "Byte",

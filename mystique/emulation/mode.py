@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode_stack
 
-from ..fault_modes import op_name
-from . import PASS, Difference
+from ..faults.schema import op_name
+from .difference import PASS, Difference
 
 
 class EmulationMode(TorchDispatchMode):
@@ -27,3 +27,15 @@ class EmulationMode(TorchDispatchMode):
             if out is not PASS:
                 return out
         return func(*args, **kwargs)
+
+
+def active_profile() -> str | None:
+    """The profile of the innermost active :class:`EmulationMode`, or None.
+
+    Validators ask this where a foreign device's behaviour is a *query*, not an op (``may this
+    device use TF32?``, ``does this SDPA backend have a kernel for fp32?``).
+    """
+    for mode in reversed(_get_current_dispatch_mode_stack()):
+        if isinstance(mode, EmulationMode):
+            return mode.profile
+    return None

@@ -3,7 +3,7 @@
 Healthy CUDA kernels sum in other orders than the CPU's, and CUDA's scans round every partial
 sum to the tensor's dtype. Both are legal (PyTorch specifies neither order nor the precision of a
 scan's partial sums) and both move results by more than the CPU's own rounding, so a validator
-calibrated on the CPU alone fails a healthy GPU (evidence h100-2026-11-25: ``cumsum/rows_1024``).
+calibrated on the CPU alone fails a healthy GPU.
 Each function below reproduces the structure of the CUDA kernel named in its docstring with
 vectorised torch code, deterministically (same inputs, same bits: the real kernels have fixed
 schedules and no atomics for these ops). Scans follow the kernel exactly for the innermost and
@@ -19,40 +19,29 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from ..fault_modes import base_name, op_name
-from . import PASS, Difference
+import torch
+
+from ..dtypes import FLOAT_DTYPES
+from ..faults.schema import base_name, bind, finish, op_name
+from .difference import PASS, Difference
 
 Combine = Callable[[Any, Any], Any]
 
 
-def _torch():
-    import torch
-
-    return torch
-
-
-def _floats() -> tuple:
-    torch = _torch()
-    return (torch.bfloat16, torch.float16, torch.float32, torch.float64)
-
-
 def _acc(dtype: Any) -> Any:
     """The accumulator type CUDA uses (``at::opmath_type``): fp32 for bf16/fp16/fp32, fp64 for fp64."""
-    torch = _torch()
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 def _in_dtype(op: Callable[[Any, Any], Any], dtype: Any) -> Combine:
     """``op`` as ``c10::BFloat16``/``c10::Half`` operators compute it: in fp32, result rounded to the dtype."""
-    torch = _torch()
     if dtype in (torch.bfloat16, torch.float16):
         return lambda a, b: op(a.float(), b.float()).to(dtype)
     return op
 
 
 def _ok(t: Any) -> bool:
-    torch = _torch()
-    return (isinstance(t, torch.Tensor) and t.dtype in _floats() and t.layout == torch.strided
+    return (isinstance(t, torch.Tensor) and t.dtype in FLOAT_DTYPES and t.layout == torch.strided
             and t.device.type != "meta" and t.numel() > 0)
 
 
@@ -79,7 +68,6 @@ def _sklansky(buf: Any, levels: int, comb: Combine) -> None:
 def scan_innermost(x: Any, comb: Combine, init: float) -> Any:
     """``tensor_kernel_scan_innermost_dim`` on ``(rows, n)``: blocks of ``B = 2 * num_threads_x``
     elements, the previous block's total combined into the first element, then a Sklansky scan."""
-    torch = _torch()
     rows, n = x.shape
     lx = log_num_threads_x(rows, n)
     block = 2 << lx
@@ -99,7 +87,6 @@ def scan_innermost(x: Any, comb: Combine, init: float) -> Any:
 
 def scan_outer(x: Any, comb: Combine, init: float) -> Any:
     """``tensor_kernel_scan_outer_dim`` on ``(L, ...)``: one thread per column, sequential, acc in the dtype."""
-    torch = _torch()
     out = torch.empty_like(x)
     acc = torch.full(x.shape[1:], init, dtype=x.dtype)
     for i in range(x.shape[0]):
@@ -113,7 +100,6 @@ def scan_1d(x: Any, comb: Combine, init: float, threads: int = 128, items: int =
     row): tiles of ``threads x items``; each thread reduces its items sequentially, the thread totals
     are scanned across the block (Sklansky), tiles are chained by a running prefix, and each thread
     re-scans its items from its prefix. Every partial is in the dtype (the scan's value type)."""
-    torch = _torch()
     n = x.numel()
     tile = threads * items
     nt = -(-n // tile)
@@ -151,13 +137,11 @@ def scan(x: Any, dim: int, comb: Combine, init: float) -> Any:
 
 def _scan_op(op: Callable[[Any, Any], Any], init: float) -> Callable[[Any, tuple, dict], Any]:
     def run(func: Any, args: tuple, kwargs: dict) -> Any:
-        from ..fault_modes import bind, finish
-
         if func._overloadname not in ("default", "out"):  # Dimname overloads: the host's kernel
             return PASS
         b = bind(func, args, kwargs)
         x, dtype = b["self"], b.get("dtype") or b["self"].dtype
-        if not _ok(x) or dtype not in _floats():
+        if not _ok(x) or dtype not in FLOAT_DTYPES:
             return PASS
         xd = x.to(dtype)
         res = scan(xd, b["dim"] % max(xd.dim(), 1), _in_dtype(op, dtype), init)
@@ -168,6 +152,17 @@ def _scan_op(op: Callable[[Any, Any], Any], init: float) -> Callable[[Any, tuple
 
 # ---------------------------------------------------------------- reductions (ATen cuda/Reduce.cuh)
 
+def _padded(x: Any, threads: int, vec: int) -> tuple[Any, int, int]:
+    """``(rows, n)`` zero-padded to whole rounds of ``vec`` loads by each of at most ``threads``
+    threads (fewer for a short row): the buffer ``(rows, steps * threads * vec)``, threads, steps."""
+    rows, n = x.shape
+    threads = max(1, min(threads, 1 << max(0, math.ceil(math.log2(-(-n // vec))))))
+    steps = -(-n // (threads * vec))
+    buf = torch.zeros((rows, steps * threads * vec), dtype=x.dtype)
+    buf[:, :n] = x
+    return buf, threads, steps
+
+
 def tree_sum(x: Any, threads: int = 512, vec: int = 4) -> Any:
     """Sum of ``(rows, n)`` over n in Reduce.cuh's order, in x's dtype (the accumulator).
 
@@ -175,13 +170,8 @@ def tree_sum(x: Any, threads: int = 512, vec: int = 4) -> Any:
     ``vec`` accumulators; they are combined in sequence, then the thread values are reduced by a
     tree (warp shuffles, then shared memory), halving the active threads at each level.
     """
-    torch = _torch()
-    rows, n = x.shape
-    threads = max(1, min(threads, 1 << max(0, math.ceil(math.log2(-(-n // vec))))))
-    lanes = threads * vec
-    steps = -(-n // lanes)
-    buf = torch.zeros((rows, steps * lanes), dtype=x.dtype)
-    buf[:, :n] = x
+    rows = x.shape[0]
+    buf, threads, steps = _padded(x, threads, vec)
     buf = buf.view(rows, steps, threads, vec)
     acc = buf[:, 0]
     for s in range(1, steps):
@@ -206,14 +196,11 @@ def _reduce_dims(x: Any, dim: Any) -> list[int] | None:
 
 def _sum_mean(mean: bool) -> Callable[[Any, tuple, dict], Any]:
     def run(func: Any, args: tuple, kwargs: dict) -> Any:
-        from ..fault_modes import bind, finish
-
-        torch = _torch()
         b = bind(func, args, kwargs)
         x = b["self"]
         dtype = b.get("dtype") or (x.dtype if isinstance(x, torch.Tensor) else None)
         dims = _reduce_dims(x, b.get("dim")) if _ok(x) else None
-        if dims is None or dtype not in _floats():
+        if dims is None or dtype not in FLOAT_DTYPES:
             return PASS
         keep = [d for d in range(x.dim()) if d not in dims]
         n = math.prod(x.shape[d] for d in dims)
@@ -238,9 +225,6 @@ def _softmax(log: bool) -> Callable[[Any, tuple, dict], Any]:
     most 1024, a block with 4-wide loads above), then ``exp(x - max) / sum`` or
     ``(x - max) - log(sum)`` rounded once."""
     def run(func: Any, args: tuple, kwargs: dict) -> Any:
-        from ..fault_modes import bind, finish
-
-        torch = _torch()
         b = bind(func, args, kwargs)
         x = b["self"]
         if not _ok(x) or x.dim() == 0:
@@ -268,13 +252,9 @@ def welford_rows(x: Any, threads: int = 128, vec: int = 4) -> tuple[Any, Any]:
     """Mean and biased variance of ``(rows, n)`` (fp32) as the vectorised layer-norm kernel gets them:
     each thread runs Welford's update over its elements (``vec`` consecutive ones at a stride of
     ``vec * threads``), then the thread states are merged by a tree of Chan's pairwise combines."""
-    torch = _torch()
     rows, n = x.shape
-    threads = max(1, min(threads, 1 << max(0, math.ceil(math.log2(-(-n // vec))))))
+    buf, threads, steps = _padded(x, threads, vec)
     lanes = threads * vec
-    steps = -(-n // lanes)
-    buf = torch.zeros((rows, steps * lanes), dtype=x.dtype)
-    buf[:, :n] = x
     valid = torch.zeros(steps * lanes, dtype=torch.bool)
     valid[:n] = True
     buf, valid = buf.view(rows, steps, threads, vec), valid.view(steps, threads, vec)
@@ -303,9 +283,6 @@ def welford_rows(x: Any, threads: int = 128, vec: int = 4) -> tuple[Any, Any]:
 
 
 def _layer_norm(func: Any, args: tuple, kwargs: dict) -> Any:
-    from ..fault_modes import bind
-
-    torch = _torch()
     b = bind(func, args, kwargs)
     x, shape, w, bias, eps = b["input"], list(b["normalized_shape"]), b.get("weight"), b.get("bias"), b["eps"]
     if not _ok(x) or not shape or func._overloadname != "default":
@@ -337,6 +314,17 @@ def _mul(a: Any, b: Any) -> Any:
     return a * b
 
 
+_SCANS = {"cumsum": _scan_op(_add, 0.0), "cumprod": _scan_op(_mul, 1.0)}
+_REDUCES = {"sum": _sum_mean(False), "mean": _sum_mean(True)}
+_SOFTMAX = {"_softmax": _softmax(False), "_log_softmax": _softmax(True)}
+
+
+def _per_op(table: dict[str, Callable[[Any, tuple, dict], Any]],
+            key: Callable[[Any], str] = op_name) -> Callable[[Any, tuple, dict], Any]:
+    """A ``Difference.run`` computing each op by its entry in ``table`` (looked up by ``key(func)``)."""
+    return lambda func, args, kwargs: table[key(func)](func, args, kwargs)
+
+
 _SRC = "ATen aten/src/ATen/native/cuda/"
 DIFFERENCES = [
     Difference(
@@ -348,7 +336,7 @@ DIFFERENCES = [
                    "ScanUtils.cuh (scan_dim, tensor_kernel_scan_innermost_dim / _outer_dim); observed on an H100 "
                    "(evidence h100-2026-11-25: cumsum/rows_1024)",
         ops=frozenset({"cumsum", "cumsum_", "cumprod", "cumprod_"}),
-        run=lambda func, args, kwargs: _SCANS[base_name(func)](func, args, kwargs),
+        run=_per_op(_SCANS, base_name),
     ),
     Difference(
         name="reduce_tree_order",
@@ -356,16 +344,15 @@ DIFFERENCES = [
                 "thread, per-thread strided accumulators, then a tree over threads; mean multiplies by 1/n",
         documented=_SRC + "Reduce.cuh (ReduceConfig, input_vectorized_thread_reduce_impl, block_x_reduce), "
                    "ReduceSumProdKernel.cu, ReduceMomentKernel.cu (MeanOps)",
-        ops=frozenset({"sum", "mean"}),
-        run=lambda func, args, kwargs: _REDUCES[op_name(func)](func, args, kwargs),
+        ops=frozenset(_REDUCES), run=_per_op(_REDUCES),
     ),
     Difference(
         name="softmax_tree_order",
         summary="softmax/log_softmax sum exp(x - max) in fp32 over a warp (rows <= 1024) or a block, tree-combined",
         documented=_SRC + "SoftMax.cu (host_softmax, dispatch_softmax_forward, cunn_SoftMaxForward), "
                    "PersistentSoftmax.cuh (warp_reduce)",
-        ops=frozenset({"_softmax", "_log_softmax"}),
-        run=lambda func, args, kwargs: _SOFTMAX[op_name(func)](func, args, kwargs),
+        ops=frozenset(_SOFTMAX),
+        run=_per_op(_SOFTMAX),
     ),
     Difference(
         name="layer_norm_welford",
@@ -376,7 +363,3 @@ DIFFERENCES = [
         run=_layer_norm,
     ),
 ]
-
-_SCANS = {"cumsum": _scan_op(_add, 0.0), "cumprod": _scan_op(_mul, 1.0)}
-_REDUCES = {"sum": _sum_mean(False), "mean": _sum_mean(True)}
-_SOFTMAX = {"_softmax": _softmax(False), "_log_softmax": _softmax(True)}

@@ -19,8 +19,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..fault_modes import op_name
-from . import PASS, Difference
+import torch
+
+from ..faults.schema import bind, op_name, replace_args
+from .difference import PASS, Difference
 
 # aten base name -> the schema arguments that are matrix operands of the product
 _GEMM_OPERANDS = {
@@ -33,32 +35,22 @@ _CONV_OPERANDS = {"convolution": ("input", "weight"), "_convolution": ("input", 
 
 def matmul_tf32_allowed() -> bool:
     """CUDA's rule for fp32 GEMMs: ``allow_tf32`` or a float32 matmul precision other than ``highest``."""
-    import torch
-
     return bool(torch.backends.cuda.matmul.allow_tf32) or torch.get_float32_matmul_precision() != "highest"
 
 
 def conv_tf32_allowed() -> bool:
     """CUDA's rule for fp32 convolutions: ``torch.backends.cudnn.allow_tf32`` (True by default)."""
-    import torch
-
     return bool(torch.backends.cudnn.allow_tf32)
 
 
 def truncate_to_tf32(x: Any) -> Any:
     """fp32 ``x`` with only its first 10 explicit mantissa bits (the low 13 bits cleared); NaN/inf kept."""
-    import torch
-
     bits = x.contiguous().view(torch.int32)
     kept = (bits & ~0x1FFF).view(torch.float32)
     return torch.where(torch.isfinite(x), kept, x).view(x.shape)
 
 
 def _tf32_operands(func: Any, args: tuple, kwargs: dict, names: tuple[str, str]) -> Any:
-    import torch
-
-    from ..fault_modes import bind, replace_args
-
     b = bind(func, args, kwargs)
     ops = [b.get(n) for n in names]
     if not all(isinstance(t, torch.Tensor) and t.dtype == torch.float32 and t.layout == torch.strided

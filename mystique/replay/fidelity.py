@@ -17,16 +17,21 @@ different processes, maybe on different hosts.
 from __future__ import annotations
 
 import math
+import os
 import socket
 import statistics
+import time
 from collections.abc import Callable
 from typing import Any
 
+import torch
+
+from ..capture import rebuild_step
 from ..errors import EnvironmentUnsupported, UsageError
 from ..timing import Paired, loadavg, paired_rounds
 from ..timing import verdict as interval_verdict
-from . import executor as ex
 from .plan import Plan
+from .runtime import CollectiveHandler, Executor, synchronize
 
 RATIO_LOW, RATIO_HIGH = 0.90, 1.10
 TIMINGS = ("auto", "paired", "recorded")
@@ -45,8 +50,9 @@ def original_step(plan: Plan) -> dict[str, Any] | None:
     return spec if isinstance(spec, dict) and spec.get("target") else None
 
 
-def why_not_paired(plan: Plan, device: str) -> str | None:
-    """Why the original step cannot run beside this replay (None: it can, as far as the plan says)."""
+def why_not_paired(plan: Plan, device: str, collective_handler: CollectiveHandler | None = None) -> str | None:
+    """Why the original step cannot run beside this replay (None: it can, as far as the plan says);
+    ``collective_handler``: the replay's (a multi-rank replay, whose original step needs its process group)."""
     spec = original_step(plan)
     if plan.metadata.get("obfuscated"):
         return "an obfuscated benchmark does not name the captured step"
@@ -63,25 +69,24 @@ def why_not_paired(plan: Plan, device: str) -> str | None:
             return f"the benchmark was transformed ({', '.join(changed)}): it no longer replays the captured step"
     if _kind(spec.get("device")) != _kind(device):
         return f"captured on {spec.get('device')}, replayed on {device}: not the step that was captured"
-    if ex.COLLECTIVE_HANDLER is not None:
+    if collective_handler is not None:
         return "a multi-rank replay: the original step needs its process group"
     return None
 
 
-def rebuild_original(plan: Plan, device: str, timing: str) -> tuple[Callable[[], Any] | None, str]:
+def rebuild_original(plan: Plan, device: str, timing: str,
+                     collective_handler: CollectiveHandler | None = None) -> tuple[Callable[[], Any] | None, str]:
     """``(step, "")`` when the original step is rebuilt here for paired timing, else ``(None, why)``.
 
     ``timing``: ``auto`` (paired where possible), ``paired`` (UsageError when impossible) or
-    ``recorded`` (never rebuilt).
+    ``recorded`` (never rebuilt); ``collective_handler``: see :func:`why_not_paired`.
     """
     if timing not in TIMINGS:
         raise UsageError(f"unknown timing {timing!r}; expected one of {', '.join(TIMINGS)}")
     if timing == "recorded":
         return None, "--timing recorded"
-    why = why_not_paired(plan, device)
+    why = why_not_paired(plan, device, collective_handler)
     if why is None:
-        from ..capture import rebuild_step
-
         spec = original_step(plan)
         assert spec is not None
         try:
@@ -95,7 +100,7 @@ def rebuild_original(plan: Plan, device: str, timing: str) -> tuple[Callable[[],
     return None, why
 
 
-def measure_paired(e: ex.Executor, step: Callable[[], Any], device: str, *, half_width: float,
+def measure_paired(e: Executor, step: Callable[[], Any], device: str, *, half_width: float,
                    time_cap_s: float, min_rounds: int, min_warmup: int,
                    progress: Callable[[str], None] | None = None,
                    threads_note: dict[str, Any] | None = None) -> Paired:
@@ -107,7 +112,6 @@ def measure_paired(e: ex.Executor, step: Callable[[], Any], device: str, *, half
     :func:`busy_host_threads`, not asked for), the host is watched between rounds: when other
     processes come to keep cores busy that these threads need, the rounds start again (warm-up
     included) with the free cores' count on both sides; ``threads_note`` records it (``restarts``)."""
-    import torch
 
     dev = e.device
     watch = None
@@ -150,9 +154,6 @@ class _HostWatch:
     that leaves fewer free cores than this process runs threads, in two successive periods."""
 
     def __init__(self, period_s: float = 1.0):
-        import os
-        import time
-
         self.period = period_s
         self.start = time.perf_counter()
         self.next = self.start + period_s
@@ -160,11 +161,6 @@ class _HostWatch:
         self.strikes = 0
 
     def check(self) -> None:
-        import os
-        import time
-
-        import torch
-
         now = time.perf_counter()
         if now < self.next:
             return
@@ -203,8 +199,6 @@ def free_cores(window_s: float = 0.3) -> tuple[int | None, float | None]:
 
     A core counts as busy when other processes use at least half of it. The free count is at least
     1 and at most the cores this process may run on."""
-    import os
-    import time
 
     try:
         mine = len(os.sched_getaffinity(0))
@@ -227,7 +221,6 @@ BUSY_CORE = 0.3  # other processes' share of a core from which it counts as busy
 def _free_from(t0: tuple[float, float, int], t1: tuple[float, float, int], c0: Any, c1: Any,
                mine: int | None = None) -> tuple[int, float]:
     """(free cores, cores other processes used) between two /proc/stat and os.times() samples."""
-    import os
 
     if mine is None:
         try:
@@ -251,7 +244,6 @@ def busy_host_threads(target: Any, asked: int | None, note: Callable[[str], None
     took 17-300 ms a step with 2 threads (paired half-width 15% after 70 rounds) and a steady 28 ms
     with 1 (half-width 1% after 10 rounds). Both sides run with the same setting, so the ratio still
     compares like with like; ``timing`` says which setting and why. Returns the keys it adds there."""
-    import torch
 
     if target.torch_device.type != "cpu":
         return {}
@@ -276,12 +268,11 @@ def busy_host_threads(target: Any, asked: int | None, note: Callable[[str], None
 
 def device_sync(dev: Any) -> Callable[[], None]:
     """A function that waits for everything queued on ``dev`` (that very CUDA device, not the current one)."""
-    import torch
 
     dev = torch.device(dev)
     if dev.type == "cuda":
         return lambda: torch.cuda.synchronize(dev)
-    return lambda: ex.synchronize(dev)
+    return lambda: synchronize(dev)
 
 
 def gpu_clocks(device: str) -> dict[str, Any] | None:
@@ -289,7 +280,6 @@ def gpu_clocks(device: str) -> dict[str, Any] | None:
     if _kind(device) != "cuda":
         return None
     try:
-        import torch
 
         if not torch.cuda.is_available():
             return None
@@ -314,7 +304,6 @@ def gpu_clocks(device: str) -> dict[str, Any] | None:
     except Exception:  # noqa: BLE001
         pass
     try:
-        import torch
 
         out["sm_clock_mhz"] = int(torch.cuda.clock_rate(index))
     except Exception:  # noqa: BLE001
@@ -329,7 +318,7 @@ def _num(v: Any) -> float | None:
 def timing_stats(paired: Paired | None, *, why: str, step_times_s: list[float], iters: int, warmup: int,
                  pacing: str, device: str, threads: int | None, load_start: list[float] | None,
                  gpu_before: dict[str, Any] | None) -> dict[str, Any]:
-    """``summary.json["timing"]``: how the step times were measured (see DESIGN.md's Measuring)."""
+    """``summary.json["timing"]``: how the step times were measured (see docs/design.md's Measuring)."""
     base: dict[str, Any] = {"pacing": pacing, "threads": threads, "host": socket.gethostname()}
     if paired is not None:
         d = paired.summary()
@@ -384,7 +373,7 @@ def comparable(plan: Plan, device: str | None) -> bool:
     return device is None or _kind(plan.metadata.get("original_device")) == _kind(device)
 
 
-def op_errors(plan: Plan, e: ex.Executor, op_times_s: list[float], top: int = 8,
+def op_errors(plan: Plan, e: Executor, op_times_s: list[float], top: int = 8,
               device: str | None = None) -> dict[str, Any]:
     """The op-level error table's summary: ``|replay/original - 1|`` per op against the recorded
     per-op time (:func:`op_reference`), its median and 90th percentile overall and per op type

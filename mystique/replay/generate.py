@@ -1,7 +1,7 @@
 """``mystique generate``: turn a trace into a benchmark folder.
 
 Writes ``benchmark.json`` (the replay plan, see :mod:`mystique.replay.plan`) and
-``benchmark.py`` (a standalone program needing only torch: the executor's source followed by a
+``benchmark.py`` (a standalone program needing only torch: the replay runtime's source followed by a
 small ``main``). Transformations, applied in this order: ``keep``/``drop`` (regexes on op names),
 ``batch_scale`` (rescale the batch dimension, checked by shape propagation on the meta device),
 ``dtype`` (retarget floating tensors), ``device`` (the benchmark's default device) and
@@ -10,6 +10,7 @@ small ``main``). Transformations, applied in this order: ``keep``/``drop`` (rege
 
 from __future__ import annotations
 
+import ast
 import math
 import re
 from collections import Counter
@@ -17,11 +18,17 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import torch
+
+import mystique.replay.runtime as ex
+
+from .. import hostinfo, onnx_export
 from ..errors import UsageError
 from ..io import atomic_write_text, check_output_dir, staged_output_dir
 from ..progress import Progress
-from . import executor as ex
+from ..targets import parse_device
 from .plan import Plan, normalise, plan_from_path
+from .recipes import EMBEDDING_BAG_OPS, DataRecipes, named_args, offsets_segment
 
 FORMATS = ("json", "py", "onnx")
 FLOAT_DTYPES = ("float32", "float16", "bfloat16", "float64")
@@ -53,8 +60,6 @@ def parse_formats(spec: str) -> list[str]:
 
 def _check_device_name(device: str) -> str:
     """A well-formed torch device string (the benchmark may target a device this machine lacks)."""
-    from ..targets import parse_device
-
     return parse_device(device)
 
 
@@ -93,8 +98,6 @@ def retarget_dtype(plan: Plan, dtype: str) -> Plan:
     """Make every floating tensor, storage and floating dtype argument ``dtype``."""
     if dtype not in FLOAT_DTYPES:
         raise UsageError(f"unknown dtype {dtype!r}; expected one of {', '.join(FLOAT_DTYPES)}")
-    import torch
-
     size = torch.empty((), dtype=getattr(torch, dtype)).element_size()
     for t in plan.tensors:
         if t["dtype"] in FLOAT_DTYPES:
@@ -121,13 +124,11 @@ def retarget_dtype(plan: Plan, dtype: str) -> Plan:
 
 
 def _recompute_nbytes(plan: Plan) -> None:
-    import torch
-
     need: dict[int, int] = {}
     for t in plan.tensors:
         size = torch.empty((), dtype=ex.dtype_from_name(t["dtype"])).element_size()
         strides = t.get("strides") or ex.contiguous_strides(t["shape"])
-        nb = ex._extent(t["shape"], strides, int(t["offset"])) * size
+        nb = ex.extent(t["shape"], strides, int(t["offset"])) * size
         need[t["storage"]] = max(need.get(t["storage"], 0), nb)
     for s in plan.storages:
         s["nbytes"] = int(need.get(s["id"], s["nbytes"]))
@@ -171,7 +172,7 @@ def _mutated_inputs(plan: Plan) -> set[int]:
                                                         if a.kwarg_only]:
                 if sa.mutable:
                     ids: list[int] = []
-                    ex._walk_tensor_ids(v, ids)
+                    ex.walk_tensor_ids(v, ids)
                     out.update(ids)
     return out
 
@@ -253,7 +254,7 @@ def rescale_batch(plan: Plan, factor: float, allow_ops: Sequence[str] = ()) -> P
     Every tensor dim equal to the batch size B and every size-list argument equal to B or to a
     product of input dims including B is rescaled; the shapes of op results are then recomputed
     by running the plan on the meta device, and any op that fails there but not on the original
-    shapes makes the rescale inconsistent. ``allow_ops``: as for :class:`executor.Executor`.
+    shapes makes the rescale inconsistent. ``allow_ops``: as for :class:`runtime.Executor`.
     """
     if not (factor > 0 and math.isfinite(factor)):
         raise UsageError(f"--batch-scale must be a positive number, not {factor}")
@@ -322,26 +323,18 @@ def _rescale_offsets(plan: Plan) -> None:
     """Re-derive the bag offsets recipes (``segments``) of embedding-bag inputs from the rescaled
     tensors, as the plan builder derives them: one segment ``[start, count, stride, total,
     include_last]`` per offsets view, ``total`` the element count of the bag's indices."""
-    from .plan import _EMBEDDING_BAG_OPS, _named_args
-
     tensors = {t["id"]: t for t in plan.tensors}
-
-    def tid(enc: Any) -> int | None:
-        return enc["t"] if isinstance(enc, dict) and "t" in enc else None
-
+    tid = DataRecipes.tid
     segments: dict[int, list[list[Any]]] = {}
     for op, sch in _called_ops(plan.ops):
-        if f"{sch.namespace}::{sch.name}" not in _EMBEDDING_BAG_OPS:
+        if f"{sch.namespace}::{sch.name}" not in EMBEDDING_BAG_OPS:
             continue
-        named = _named_args(sch, op)
+        named = named_args(sch, op)
         ind, off = tid(named.get("indices")), tid(named.get("offsets"))
         if ind is None or off is None or ind not in tensors or off not in tensors:
             continue
-        t_off = tensors[off]
-        strides = t_off.get("strides") or [1]
-        seg = [int(t_off["offset"]), int(math.prod(t_off["shape"])), int(strides[-1] or 1),
-               int(math.prod(tensors[ind]["shape"])), bool(named.get("include_last_offset") or False)]
-        segs = segments.setdefault(t_off["storage"], [])
+        seg = offsets_segment(tensors[off], tensors[ind], named.get("include_last_offset"))
+        segs = segments.setdefault(tensors[off]["storage"], [])
         if seg not in segs:
             segs.append(seg)
     for st in plan.storages:
@@ -378,28 +371,53 @@ _PY_HEADER = '''#!/usr/bin/env python3
 # Mystique Suite standalone benchmark: replays benchmark.json (beside this file) with synthetic data.
 # Needs only torch. Usage: python benchmark.py [--device cuda] [--iters 10] [--warmup 3] [--plan PATH]
 # Generated from {source} ({ops} operators). What follows is the replay engine, then main().
+from __future__ import annotations
 '''
 
 _PY_MAIN = '''
 
 if __name__ == "__main__":
+    import os
+    import sys
+
     sys.exit(main(default_plan=os.path.join(os.path.dirname(os.path.abspath(__file__)), "benchmark.json")))
 '''
 
 
+def _module_text(path: str) -> str:
+    """A runtime module's source without its ``from __future__`` import and its imports of the
+    suite's own modules (``from .format import ...``, ``from mystique.hostinfo import ...``): in
+    ``benchmark.py`` every module's names share one namespace."""
+    src = Path(path).read_text(encoding="utf-8")
+    lines = src.splitlines()
+    for node in ast.parse(src).body:
+        if isinstance(node, ast.ImportFrom) and (node.level > 0 or node.module == "__future__"
+                                                 or (node.module or "").startswith("mystique")):
+            for k in range(node.lineno - 1, node.end_lineno or node.lineno):
+                lines[k] = ""
+    return "\n".join(lines).strip() + "\n"
+
+
+def runtime_source() -> str:
+    """The replay runtime as one module: :mod:`mystique.hostinfo`, then the runtime's modules in
+    dependency order (:data:`runtime.MODULES`)."""
+    folder = Path(ex.__file__).parent
+    paths = [hostinfo.__file__] + [str(folder / f"{m}.py") for m in ex.MODULES]
+    return "\n\n".join(_module_text(p) for p in paths)
+
+
 def benchmark_py(plan: Plan) -> str:
-    """The source of the standalone ``benchmark.py``: executor source + a ``__main__`` block.
+    """The source of the standalone ``benchmark.py``: the runtime's source + a ``__main__`` block.
 
     The program is the same for every plan: what comes from the trace (its file name, and every
     other string, which stays in ``benchmark.json``) is data, never code. The one string shown, the
     trace's name in a comment, is written with :func:`ascii` (quoted, every line break, control and
     non-ASCII character escaped), so it cannot end the comment line.
     """
-    src = Path(ex.__file__).read_text(encoding="utf-8")
     source = plan.metadata.get("source")
     shown = ascii(source) if isinstance(source, str) and source else "a trace"
     header = _PY_HEADER.format(source=shown, ops=int(len(plan.ops)))
-    return header + src.rstrip() + "\n" + _PY_MAIN
+    return header + "\n" + runtime_source().rstrip() + "\n" + _PY_MAIN
 
 
 def generate(
@@ -420,12 +438,10 @@ def generate(
     """Generate a benchmark folder from a trace (dir or ET file); returns the written plan.
 
     ``allow_ops``: fnmatch patterns (``ns::name``) of operators outside
-    ``executor.ALLOWED_OP_NAMESPACES`` to keep (else skipped in the plan); whoever replays the
+    ``runtime.ALLOWED_OP_NAMESPACES`` to keep (else skipped in the plan); whoever replays the
     benchmark passes them again (``benchmark.py --allow-ops``, ``mystique replay --allow-ops``)."""
     fmts = parse_formats(formats)
     if "onnx" in fmts:
-        from .. import onnx_export
-
         onnx_export.require()  # exit 3 naming the missing package, before any work
     _compile(keep, "--keep")
     _compile(drop, "--drop")

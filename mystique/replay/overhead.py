@@ -1,7 +1,7 @@
 """The executor's per-op dispatch cost against eager PyTorch calling the same ops.
 
-A step of many small ops (the evidence's 500 ``torch.add`` calls on 4-element tensors, or a mix
-typical of small steps: add, mul, views and linear layers on small tensors) is bound by the host:
+A step of many small ops (``torch.add`` calls on tiny tensors, or a mix typical of small steps:
+add, mul, views and linear layers on small tensors) is bound by the host:
 its time is what Python and the dispatcher spend per op. :func:`dispatch_overhead` records such a
 step as the capture does (Execution Trace observer and Kineto together), builds its replay plan
 as ``mystique replay`` would, and times :meth:`Executor.run_iteration` against the eager step
@@ -23,7 +23,17 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import torch
+
+import mystique.replay.runtime as ex
+
+from .. import timing
+from ..capture import KINETO_FILE, TRACE_FILE, record_step
 from ..errors import UsageError
+from ..io import staged_output_dir
+from ..results import Results, RunContext, write_csv
+from ..targets import Target, check_device, synchronize
+from .plan import plan_from_path
 
 STEPS: dict[str, str] = {
     "add": "torch.add on 4-element tensors (the evidence's host-bound step)",
@@ -34,7 +44,6 @@ BAND = (0.0, 1.0)  # replay / eager: at most eager's cost
 
 def small_ops_step(kind: str = "add", n_ops: int = 500, device: str = "cpu") -> Callable[[], Any]:
     """A step of ``n_ops`` small top-level operators (``kind``: see :data:`STEPS`) on ``device``."""
-    import torch
 
     if kind not in STEPS:
         raise UsageError(f"unknown step {kind!r}; expected one of {', '.join(STEPS)}")
@@ -78,9 +87,6 @@ def small_ops_step(kind: str = "add", n_ops: int = 500, device: str = "cpu") -> 
 
 def plan_of_step(step: Callable[[], Any], device: str, work_dir: str | os.PathLike) -> Any:
     """Record ``step`` on ``device`` as ``mystique capture`` does and return its replay plan."""
-    from ..capture import KINETO_FILE, TRACE_FILE, record_step
-    from ..targets import Target
-    from .plan import plan_from_path
 
     work = Path(work_dir)
     work.mkdir(parents=True, exist_ok=True)
@@ -96,9 +102,6 @@ def measure(step: Callable[[], Any], plan: Any, device: str, *, half_width: floa
 
     Returns ``(paired, executor)``; ``paired.ratio`` is replay / eager.
     """
-    from .. import timing
-    from ..targets import synchronize
-    from . import executor as ex
 
     e = ex.Executor(plan.data if hasattr(plan, "data") else plan, device, seed=seed, pacing=pacing)
     e.prepare()
@@ -125,11 +128,7 @@ def dispatch_overhead(
     interval bounds and per-op times as measurements) and, per step, the paired-round statistics.
     ``results``: a :class:`mystique.results.Results` to add the rows to (default: a new one).
     """
-    import torch
 
-    from .. import timing
-    from ..results import Results, RunContext
-    from ..targets import Target, check_device
 
     device = check_device(device)
     for k in steps:
@@ -182,8 +181,6 @@ def dispatch_overhead(
 
 def write_outputs(out_dir: str | os.PathLike, frame: Any, stats: dict[str, Any], force: bool = False) -> Path:
     """``OUT/results.csv`` and ``OUT/overhead.json``, written to a staging folder and renamed."""
-    from ..io import staged_output_dir
-    from ..results import write_csv
 
     with staged_output_dir(out_dir, force) as stage:
         write_csv(frame, stage / "results.csv")

@@ -21,12 +21,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..errors import UsageError
+from ..io import show as show_path
+from .kineto import KinetoTimes, read_kineto
 from .model import Node, TensorRef, Trace
 
 if TYPE_CHECKING:
     import pandas
-
-    from .kineto import KinetoTimes
 
 _STEP = re.compile(r"^ProfilerStep#(\d+)$")
 
@@ -78,8 +78,6 @@ def select_iteration(trace: Trace, iteration: int | None = None) -> Iteration | 
                 return it
         have = ", ".join(str(it.step) for it in spans[:20]) + (f", ... ({len(spans)} steps)" if len(spans) > 20 else "")
         have = have or "none"
-        from .loader import show_path
-
         raise UsageError(f"{show_path(trace.source or 'trace')}: no ProfilerStep#{iteration}; recorded steps: {have}")
     complete = [it for it in spans if it.complete]
     if complete:
@@ -217,8 +215,6 @@ def op_stats(
     - ``op_schema``: the schema of the first call ("" when the trace records none)
     """
     import pandas as pd
-
-    from .kineto import KinetoTimes, read_kineto
 
     times: KinetoTimes | None
     if kineto is None:

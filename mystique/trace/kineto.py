@@ -3,9 +3,9 @@
 Kineto writes every recorded CPU operator as a complete event (``"ph": "X"``, ``"cat":
 "cpu_op"``; ``record_function`` regions as ``"user_annotation"``) with its duration ``dur`` in
 microseconds and ``"args": {"Record function id": N, "External id": E, ...}``. ``N`` is the
-same record-function id the execution trace observer stores as ``rf_id`` on the node (checked
-with torch 2.13: a profile with ``execution_trace_observer=`` gives a Kineto file whose every
-``cpu_op``/``user_annotation`` event names the ET node with that ``rf_id``).
+same record-function id the execution trace observer stores as ``rf_id`` on the node (a profile
+with ``execution_trace_observer=`` gives a Kineto file whose every ``cpu_op``/``user_annotation``
+event names the ET node with that ``rf_id``).
 
 Device time (best effort): device events (``"cat"`` ``kernel``, ``gpu_memcpy``, ``gpu_memset``)
 carry ``"correlation"`` (the CUDA/HIP runtime launch's correlation id) and usually ``"External
@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import UsageError
-from .loader import read_json_document
+from .files import in_folder, read_json_document
 
 KINETO_FILE_NAMES = ("kineto.json.gz", "kineto.json")
 CPU_CATEGORIES = frozenset({"cpu_op", "user_annotation", "Operator", "operator"})
@@ -71,12 +71,7 @@ _STEP_NAME = re.compile(r"^ProfilerStep#(\d+)$")
 
 def resolve_kineto_path(path: str | os.PathLike) -> Path:
     """Return the Kineto file ``path`` names: the file, or ``kineto.json[.gz]`` in a trace folder."""
-    p = Path(path)
-    if p.is_dir():
-        for name in KINETO_FILE_NAMES:
-            if (p / name).is_file():
-                return p / name
-        raise UsageError(f"{p}: folder holds no kineto.json.gz or kineto.json")
+    p = in_folder(path, KINETO_FILE_NAMES)
     if not p.is_file():
         raise UsageError(f"{p}: no such Kineto trace file")
     return p
@@ -107,19 +102,32 @@ def parse_kineto_document(doc: Any, source: str = "<kineto>") -> KinetoTimes:
         events = None
     if not isinstance(events, list):
         raise UsageError(f"{source}: no 'traceEvents' list: not a Kineto/Chrome trace")
-    cpu: dict[int, float] = {}
-    names: dict[int, str] = {}
-    rf_of_external: dict[int, int] = {}
-    external_of_corr: dict[int, int] = {}
-    launch_of_corr: dict[int, tuple[Any, float]] = {}  # runtime events without an external id
-    spans: dict[Any, list[tuple[float, float, int]]] = {}  # (pid, tid) -> [(start, end, rf_id)]
-    device_events: list[tuple[float, int | None, int | None]] = []
-    first_span: dict[int, tuple[float, float]] = {}
-    device_starts: list[tuple[float, float]] = []  # (ts, dur) of every device event
-    step_spans: list[tuple[float, float, int]] = []  # (start, end, N) of ProfilerStep#N regions
+    seen = _Events()
     for ev in events:
-        if not isinstance(ev, dict) or ev.get("ph") != "X":
-            continue
+        if isinstance(ev, dict) and ev.get("ph") == "X":
+            seen.add(ev)
+    device, unlinked = seen.device_times()
+    steps, device_steps = seen.step_times()
+    return KinetoTimes(cpu_us=seen.cpu, device_us=device, names=seen.names, unlinked_device_events=unlinked,
+                       steps_us=steps, device_steps_us=device_steps, cpu_spans_us=seen.first_span)
+
+
+class _Events:
+    """What one pass over a Kineto file's complete events collects, and the joins made from it."""
+
+    def __init__(self) -> None:
+        self.cpu: dict[int, float] = {}
+        self.names: dict[int, str] = {}
+        self.first_span: dict[int, tuple[float, float]] = {}
+        self.rf_of_external: dict[int, int] = {}
+        self.external_of_corr: dict[int, int] = {}
+        self.launch_of_corr: dict[int, tuple[Any, float]] = {}  # runtime events without an external id
+        self.spans: dict[Any, list[tuple[float, float, int]]] = {}  # (pid, tid) -> [(start, end, rf_id)]
+        self.device_events: list[tuple[float, int | None, int | None]] = []
+        self.device_starts: list[tuple[float, float]] = []  # (ts, dur) of every device event
+        self.step_spans: list[tuple[float, float, int]] = []  # (start, end, N) of ProfilerStep#N regions
+
+    def add(self, ev: dict) -> None:
         cat = ev.get("cat")
         args = ev.get("args")
         if not isinstance(args, dict):
@@ -130,61 +138,70 @@ def parse_kineto_document(doc: Any, source: str = "<kineto>") -> KinetoTimes:
             m = _STEP_NAME.match(name)
             ts = _num(ev.get("ts"))
             if m and ts is not None:
-                step_spans.append((ts, ts + dur, int(m.group(1))))
+                self.step_spans.append((ts, ts + dur, int(m.group(1))))
         if cat in CPU_CATEGORIES:
-            rf = _int(args.get("Record function id"))
-            if rf is None or dur is None:
-                continue
-            cpu[rf] = cpu.get(rf, 0.0) + dur
-            ts = _num(ev.get("ts"))
-            if ts is not None:
-                spans.setdefault(_thread(ev), []).append((ts, ts + dur, rf))
-                first_span.setdefault(rf, (ts, ts + dur))
-            if isinstance(ev.get("name"), str):
-                names.setdefault(rf, ev["name"])
-            ext = _int(args.get("External id"))
-            if ext is not None:
-                rf_of_external.setdefault(ext, rf)
+            self._cpu_op(ev, args, dur)
         elif cat in RUNTIME_CATEGORIES:
             corr = _int(args.get("correlation"))
             ext = _int(args.get("External id"))
             if corr is not None and ext is not None:
-                external_of_corr.setdefault(corr, ext)
+                self.external_of_corr.setdefault(corr, ext)
             elif corr is not None and _num(ev.get("ts")) is not None:
-                launch_of_corr.setdefault(corr, (_thread(ev), float(ev["ts"])))
+                self.launch_of_corr.setdefault(corr, (_thread(ev), float(ev["ts"])))
         elif cat in DEVICE_CATEGORIES and dur is not None:
-            device_events.append((dur, _int(args.get("External id")), _int(args.get("correlation"))))
+            self.device_events.append((dur, _int(args.get("External id")), _int(args.get("correlation"))))
             ts = _num(ev.get("ts"))
             if ts is not None:
-                device_starts.append((ts, dur))
-    for lst in spans.values():
-        lst.sort()
-    starts = {key: [s[0] for s in lst] for key, lst in spans.items()}
-    device: dict[int, float] = {}
-    unlinked = 0
-    for dur, ext, corr in device_events:
-        rf = rf_of_external.get(ext) if ext is not None else None
-        if rf is None and corr is not None:
-            ext2 = external_of_corr.get(corr)
-            rf = rf_of_external.get(ext2) if ext2 is not None else None
-            if rf is None and corr in launch_of_corr:
-                thread, ts = launch_of_corr[corr]
-                rf = _innermost(spans.get(thread, []), starts.get(thread, []), ts)
-        if rf is None:
-            unlinked += 1
-            continue
-        device[rf] = device.get(rf, 0.0) + dur
-    steps: dict[int, float] = {}
-    device_steps: dict[int, float] = {}
-    device_starts.sort()
-    dev_ts = [d[0] for d in device_starts]
-    for start, end, n in step_spans:
-        steps[n] = steps.get(n, 0.0) + (end - start)
-        i, j = bisect.bisect_left(dev_ts, start), bisect.bisect_right(dev_ts, end)
-        if device_starts:
-            device_steps[n] = device_steps.get(n, 0.0) + sum(d for _, d in device_starts[i:j])
-    return KinetoTimes(cpu_us=cpu, device_us=device, names=names, unlinked_device_events=unlinked,
-                       steps_us=steps, device_steps_us=device_steps, cpu_spans_us=first_span)
+                self.device_starts.append((ts, dur))
+
+    def _cpu_op(self, ev: dict, args: dict, dur: float | None) -> None:
+        rf = _int(args.get("Record function id"))
+        if rf is None or dur is None:
+            return
+        self.cpu[rf] = self.cpu.get(rf, 0.0) + dur
+        ts = _num(ev.get("ts"))
+        if ts is not None:
+            self.spans.setdefault(_thread(ev), []).append((ts, ts + dur, rf))
+            self.first_span.setdefault(rf, (ts, ts + dur))
+        if isinstance(ev.get("name"), str):
+            self.names.setdefault(rf, ev["name"])
+        ext = _int(args.get("External id"))
+        if ext is not None:
+            self.rf_of_external.setdefault(ext, rf)
+
+    def device_times(self) -> tuple[dict[int, float], int]:
+        """rf_id -> summed duration of the device events it launched, and the unlinked events' count."""
+        for lst in self.spans.values():
+            lst.sort()
+        starts = {key: [s[0] for s in lst] for key, lst in self.spans.items()}
+        device: dict[int, float] = {}
+        unlinked = 0
+        for dur, ext, corr in self.device_events:
+            rf = self.rf_of_external.get(ext) if ext is not None else None
+            if rf is None and corr is not None:
+                ext2 = self.external_of_corr.get(corr)
+                rf = self.rf_of_external.get(ext2) if ext2 is not None else None
+                if rf is None and corr in self.launch_of_corr:
+                    thread, ts = self.launch_of_corr[corr]
+                    rf = _innermost(self.spans.get(thread, []), starts.get(thread, []), ts)
+            if rf is None:
+                unlinked += 1
+                continue
+            device[rf] = device.get(rf, 0.0) + dur
+        return device, unlinked
+
+    def step_times(self) -> tuple[dict[int, float], dict[int, float]]:
+        """Step N -> its host span, and the summed duration of the device events started inside it."""
+        steps: dict[int, float] = {}
+        device_steps: dict[int, float] = {}
+        self.device_starts.sort()
+        dev_ts = [d[0] for d in self.device_starts]
+        for start, end, n in self.step_spans:
+            steps[n] = steps.get(n, 0.0) + (end - start)
+            i, j = bisect.bisect_left(dev_ts, start), bisect.bisect_right(dev_ts, end)
+            if self.device_starts:
+                device_steps[n] = device_steps.get(n, 0.0) + sum(d for _, d in self.device_starts[i:j])
+        return steps, device_steps
 
 
 _MAX_BACKTRACK = 256

@@ -13,7 +13,7 @@ by the version family (``MAJOR.MINOR.PATCH``, the part before ``-chakra...``):
   keyed by the *input position* of an integral tensor, ``{"1": [0, 2]}``) and
   ``record_param_comms`` nodes carry the collective's attributes.
 
-Facts relied on (checked on the five reference traces and on traces torch 2.13 writes):
+Facts relied on (those of the reference traces and of the traces torch writes):
 
 - A node's ``id`` is taken from one process-wide counter when the operator *starts*, and the
   node is written when it *ends*; so the file is in post-order (children before parents) while
@@ -28,29 +28,19 @@ Facts relied on (checked on the five reference traces and on traces torch 2.13 w
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import gc
 import json
 import os
 import re
 import reprlib
-import tarfile
-import zlib
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 from ..errors import UsageError
+from .files import gc_paused, is_tar, read_json_document, resolve_trace_path, show_path
 from .model import Arg, Node, TensorRef, Trace
 from .types import parse_type
 
-TRACE_FILE_NAMES = ("trace.json", "trace.json.gz")
-#: Largest trace (decompressed) read by default: 2 GiB. The JSON document takes several times its
-#: size in memory, and a gzip file of a few MB can expand to any size (a decompression bomb), so the
-#: size is checked while decompressing. ``MYSTIQUE_MAX_TRACE_BYTES`` raises (or lowers) it.
-DEFAULT_MAX_TRACE_BYTES = 2 * 1024**3
-MAX_TRACE_BYTES_ENV = "MYSTIQUE_MAX_TRACE_BYTES"
 #: Deepest nesting of argument lists accepted (real traces nest 3 levels: a list of lists of tensors).
 MAX_ARG_DEPTH = 32
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
@@ -81,134 +71,6 @@ class _Ctx:
         return UsageError(f"{self.src}: node {self.node_id} ({show_path(self.node_name)}): {what}")
 
 
-def show_path(p: Any) -> str:
-    """A path (or any name from a trace) for a one-line message: control characters and line
-    separators escaped, so a hostile file or node name cannot split or forge the message."""
-    s = str(p)
-    return s if s.isprintable() else ascii(s)[1:-1]
-
-
-# ----------------------------------------------------------------------------------- reading
-
-
-def resolve_trace_path(path: str | os.PathLike) -> Path:
-    """Return the ET file that ``path`` names: the file itself, or ``trace.json[.gz]`` in a folder.
-
-    Raises :class:`UsageError` when nothing is there or ``path`` is a tar archive.
-    """
-    p = Path(path)
-    if p.is_dir():
-        for name in TRACE_FILE_NAMES:
-            if (p / name).is_file():
-                return p / name
-        raise UsageError(f"{show_path(p)}: folder holds no trace.json or trace.json.gz")
-    if not p.exists():
-        raise UsageError(f"{show_path(p)}: no such file or folder")
-    if not p.is_file():
-        raise UsageError(f"{show_path(p)}: not a regular file")
-    low = p.name.lower()
-    if low.endswith((".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tar.xz")):
-        raise UsageError(f"{show_path(p)}: is a tar archive; extract it first (tar xzf {show_path(p.name)}) and pass the .json inside")
-    return p
-
-
-def max_trace_bytes() -> int:
-    """The size cap of a trace, decompressed (``MYSTIQUE_MAX_TRACE_BYTES``, default 2 GiB).
-
-    The variable takes a number of bytes with an optional K, M, G or T suffix (powers of 1024).
-    """
-    raw = os.environ.get(MAX_TRACE_BYTES_ENV)
-    if raw is None or not raw.strip():
-        return DEFAULT_MAX_TRACE_BYTES
-    m = re.fullmatch(r"\s*(\d{1,20})\s*([kmgt]?)i?b?\s*", raw.lower())
-    if not m or int(m.group(1)) <= 0:
-        raise UsageError(f"{MAX_TRACE_BYTES_ENV}={raw!r} is not a positive size (bytes, or e.g. 4G)")
-    return int(m.group(1)) * 1024 ** " kmgt".index(m.group(2) or " ")
-
-
-def _too_big(path: Path, what: str, cap: int, compressed: bool) -> UsageError:
-    how = "decompresses to more than" if compressed else "is larger than"
-    return UsageError(f"{show_path(path)}: the {what} {how} the limit of {_size(cap)}; set {MAX_TRACE_BYTES_ENV} "
-                      "to raise it")
-
-
-def _size(n: int) -> str:
-    for unit, k in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
-        if n >= k:
-            return f"{n / k:.4g} {unit}"
-    return f"{n} bytes"
-
-
-def _gunzip(path: Path, data: bytes, what: str, cap: int) -> bytes:
-    """Decompress every gzip member of ``data``, refusing more than ``cap`` bytes of output."""
-    out = bytearray()
-    pos = 0
-    while pos < len(data):
-        if data[pos:pos + 2] != b"\x1f\x8b":
-            if pos and not data[pos:].strip(b"\x00"):  # zero padding after the last member
-                break
-            raise UsageError(f"{show_path(path)}: truncated or corrupt gzip data (garbage after the compressed data)")
-        d = zlib.decompressobj(wbits=31)
-        chunk: bytes | memoryview = memoryview(data)[pos:]
-        while not d.eof:
-            piece = d.decompress(chunk, cap + 1 - len(out))
-            out += piece
-            if len(out) > cap:
-                raise _too_big(path, what, cap, compressed=True)
-            rest = d.unconsumed_tail
-            if not piece and len(rest) == len(chunk):  # no progress: the input is exhausted
-                break
-            chunk = rest
-        if not d.eof:
-            raise UsageError(f"{show_path(path)}: truncated or corrupt gzip data (the compressed stream ends early)")
-        pos = len(data) - len(d.unused_data)
-    return bytes(out)
-
-
-def read_json_document(path: Path, what: str = "trace", max_bytes: int | None = None) -> Any:
-    """Read a ``.json`` or gzip-compressed JSON file (detected by content, not by name).
-
-    Raises :class:`UsageError` for unreadable files, truncated/corrupt gzip, tar archives, files
-    larger (once decompressed) than ``max_bytes`` (default :func:`max_trace_bytes`), invalid
-    JSON and JSON nested too deeply to decode, naming the file and the position of the problem.
-    """
-    cap = max_trace_bytes() if max_bytes is None else max_bytes
-    try:
-        if path.stat().st_size > cap:
-            raise _too_big(path, what, cap, compressed=False)
-        raw = path.read_bytes()
-    except OSError as exc:
-        raise UsageError(f"{show_path(path)}: cannot read {what}: {exc.strerror or exc}") from exc
-    if raw[:2] == b"\x1f\x8b":
-        try:
-            raw = _gunzip(path, raw, what, cap)
-        except (EOFError, zlib.error) as exc:
-            raise UsageError(f"{show_path(path)}: truncated or corrupt gzip data ({exc})") from exc
-    if len(raw) > 262 and raw[257:262] == b"ustar":
-        raise UsageError(f"{show_path(path)}: is a tar archive; extract it first and pass the .json inside")
-    if not raw.strip():
-        raise UsageError(f"{show_path(path)}: empty file, expected a JSON {what}")
-    try:
-        return json.loads(raw)
-    except UnicodeDecodeError as exc:
-        raise UsageError(f"{show_path(path)}: not a JSON {what} (not UTF-8 text: {exc.reason})") from exc
-    except json.JSONDecodeError as exc:
-        raise UsageError(
-            f"{show_path(path)}: not a valid JSON {what}: {exc.msg} at line {exc.lineno} column {exc.colno}"
-        ) from exc
-    except RecursionError:
-        raise UsageError(f"{show_path(path)}: not a usable JSON {what}: nested too deeply to decode") from None
-    except ValueError as exc:  # e.g. an integer of more than 4300 digits
-        raise UsageError(f"{show_path(path)}: not a usable JSON {what}: {str(exc).splitlines()[0]}") from None
-
-
-def _is_tar(path: Path) -> bool:
-    try:
-        return tarfile.is_tarfile(path)
-    except OSError:
-        return False
-
-
 def load_trace(path: str | os.PathLike) -> Trace:
     """Load an execution trace (``.json``, ``.json.gz`` or a trace folder) into a :class:`Trace`.
 
@@ -217,24 +79,11 @@ def load_trace(path: str | os.PathLike) -> Trace:
     naming the file, the node and the field.
     """
     p = resolve_trace_path(path)
-    if p.suffix.lower() not in (".json", ".gz") and _is_tar(p):
+    if p.suffix.lower() not in (".json", ".gz") and is_tar(p):
         raise UsageError(f"{show_path(p)}: is a tar archive; extract it first and pass the .json inside")
     with gc_paused():
         doc = read_json_document(p)
         return parse_trace_document(doc, source=str(p))
-
-
-@contextlib.contextmanager
-def gc_paused() -> Iterator[None]:
-    """Pause the cyclic garbage collector: building ~10^5 objects otherwise triggers collections
-    that rescan the whole decoded JSON (halves the load time of a 27k-node trace)."""
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()
 
 
 def parse_trace_document(doc: Any, source: str = "<trace>") -> Trace:
@@ -671,12 +520,9 @@ def parser_for_schema(schema: str, source: str = "<trace>") -> NodeParser:
 
 __all__ = [
     "PARSERS",
-    "TRACE_FILE_NAMES",
     "load_trace",
     "parse_trace_document",
     "parser_for_schema",
-    "read_json_document",
-    "resolve_trace_path",
     "schema_family",
     "supported_schemas",
 ]

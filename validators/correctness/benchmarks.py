@@ -20,6 +20,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
+
+from mystique.capture import capture
+from mystique.replay import generate, plan_from_path
+from mystique.replay import runtime as ex
+
 WORKLOADS: tuple[str, ...] = ("llama", "dlrm", "bert")
 MODES: tuple[str, ...] = ("infer", "train")
 LEVELS: dict[str, dict[str, Any]] = {
@@ -43,8 +49,6 @@ class Benchmark:
 def load(path: str | os.PathLike) -> Benchmark:
     """A benchmark dir, a ``benchmark.json``, a trace dir or an ET file as a :class:`Benchmark`
     (UsageError when it is none of these)."""
-    from mystique.replay import plan_from_path
-
     p = Path(path)
     plan, _kind = plan_from_path(p)
     name = p.name if p.name not in ("benchmark.json", "") else p.parent.name
@@ -52,8 +56,6 @@ def load(path: str | os.PathLike) -> Benchmark:
 
 
 def _torch_tag() -> str:
-    import torch
-
     return "torch" + "".join(c if c.isalnum() or c in ".-" else "_" for c in torch.__version__)
 
 
@@ -69,23 +71,18 @@ def cache_root(out_dir: str | os.PathLike | None) -> Iterator[Path]:
 
 
 def _plan_of(folder: Path) -> dict[str, Any] | None:
-    from mystique.replay.executor import ReplayError, load_plan
-
     path = folder / "benchmark.json"
     if not path.is_file():
         return None
     try:
-        return load_plan(path)
-    except ReplayError:
+        return ex.load_plan(path)
+    except ex.ReplayError:
         return None
 
 
 def reference(workload: str, config: str, mode: str, dtype: str, root: Path, progress: Any = None) -> Benchmark:
     """The reference benchmark of ``workload``/``config``/``mode`` in ``dtype``, captured and
     generated into ``root`` unless cached (in memory or on disk)."""
-    from mystique.capture import capture
-    from mystique.replay import generate
-
     tag = _torch_tag()
     key = (workload, config, mode, dtype, tag)
     subject = f"{workload}/{config}/{mode}" + ("" if dtype == "float32" else f"/{dtype}")

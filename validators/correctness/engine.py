@@ -10,30 +10,37 @@ is fed the reference device's state, a divergence cannot cascade: the first fail
 first divergent op. :func:`replay_digests` runs a plan on the target alone and fingerprints every
 op's outputs (for the repeatability check).
 
-The replay engine's public helpers are used for everything the plan encodes
-(:func:`~mystique.replay.executor.decode_value`, :func:`~mystique.replay.executor.resolve_overload`,
-:func:`~mystique.replay.executor.substitute`, :func:`~mystique.replay.executor.fill_storage`,
-:meth:`~mystique.replay.executor.Executor.synth`, :meth:`~mystique.replay.executor.Executor.map_device`,
-:func:`~mystique.replay.executor.schedule`); the per-op driving loop is ours because the executor
-has no per-op hook.
+:class:`PlanWalker` is a :class:`~mystique.replay.runtime.PlanInterpreter`: the replay runtime's
+interpreter core decodes every op, materialises tensors and binds results; what is ours is the
+per-op driving loop, which runs each op on two devices and compares.
 """
 
 from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from mystique.replay import executor as rx
+from mystique.replay import runtime as rx
+from mystique.replay.runtime import fill_slots
 
-from . import semantics
-from . import tolerance as tol
+from .semantics import RANDOM_OPS as RANDOM_OPS  # noqa: F401 - the ops never compared
+from .semantics import OutputPlan, base_op_name, output_plan, random_draw
+from .semantics import bind as bind_by_name
+from .tolerance import (
+    Verdict,
+    bitwise_equal,
+    is_floating,
+    judge,
+    normwise_error,
+    reduction_length,
+)
+from .values import clone_group, flatten, shapes_of, to_float64_dtypes
 
-RANDOM_OPS = semantics.RANDOM_OPS  # random draws: compared never (see semantics.random_draw)
 # Operators whose results are undefined memory: compared never; their outputs are zero-filled on
 # the reference so that every consumer reads defined values.
 UNDEFINED_OPS = frozenset({
@@ -42,113 +49,17 @@ UNDEFINED_OPS = frozenset({
 })
 
 
-base_op_name = semantics.base_op_name
 
 
 def classify(name: str, bound: dict[str, Any] | None = None) -> str | None:
     """``"random op"``, ``"undefined memory"`` or None (compared) for an operator name and, when
     given, its arguments by name (a dropout with ``p = 0`` or ``train`` false draws nothing)."""
     base = base_op_name(name)
-    if semantics.random_draw(name, bound):
+    if random_draw(name, bound):
         return "random op"
     if base in UNDEFINED_OPS:
         return "undefined memory"
     return None
-
-
-# ----------------------------------------------------------------------------------------------
-# Copies that keep storage sharing
-
-
-def clone_group(values: Sequence[torch.Tensor], device: torch.device | Sequence[torch.device], *,
-                upcast: bool = False, perturb: torch.Generator | None = None) -> list[torch.Tensor]:
-    """Copies of ``values`` on ``device`` (one device, or one per value) that alias each other
-    exactly as the originals do.
-
-    Each distinct storage is copied once, whole, and every tensor is set onto its copy with the
-    original sizes, strides and offset (sharing its memory, not an autograd view of it, like the
-    executor's materialised tensors), so in-place and ``out=`` operators and
-    ``as_strided`` views see the same memory layout. ``upcast`` turns floating storages into
-    float64; ``perturb`` (a generator) then multiplies every floating element by ``1 + u * r``,
-    ``r`` uniform in [-1, 1], ``u`` the unit roundoff of the accumulation dtype of its original
-    dtype. A storage read with two dtypes is copied per tensor (views of it do not alias then).
-    """
-    cache: dict[tuple[str, int, int, str], tuple[torch.Tensor, torch.dtype]] = {}
-    out: list[torch.Tensor] = []
-    devices = [device] * len(values) if isinstance(device, torch.device) else list(device)
-    for t, dev in zip(values, devices):
-        new_dtype = torch.float64 if upcast and t.dtype.is_floating_point else t.dtype
-        if t.layout != torch.strided:
-            out.append(t.detach().to(device=dev, dtype=new_dtype, copy=True))
-            continue
-        st = t.untyped_storage()
-        key = (str(t.device), st.data_ptr(), st.nbytes(), str(dev))
-        entry = cache.get(key)
-        base = None
-        if entry is not None and entry[1] == t.dtype:
-            base = entry[0]
-        else:
-            itemsize = t.element_size()
-            n = st.nbytes() // itemsize
-            flat = torch.empty(0, dtype=t.dtype, device=t.device)
-            flat.set_(st, 0, (n,), (1,))
-            base = flat.detach().to(device=dev, dtype=new_dtype, copy=True)
-            if perturb is not None and base.dtype.is_floating_point and base.numel():
-                u = tol.unit_roundoff(tol.accumulation_dtype(t.dtype))
-                r = torch.rand(base.shape, generator=perturb, dtype=torch.float64).to(base.device)
-                base.mul_(1.0 + u * (2.0 * r - 1.0))
-            if entry is None:
-                cache[key] = (base, t.dtype)
-        try:  # a tensor on the copied storage (not an autograd view of it: in-place detach_ works)
-            v = torch.empty(0, dtype=base.dtype, device=base.device)
-            v.set_(base.untyped_storage(), t.storage_offset(), t.shape, t.stride())
-            out.append(v)
-        except RuntimeError:
-            out.append(t.detach().to(device=dev, dtype=new_dtype, copy=True))
-    return out
-
-
-# ----------------------------------------------------------------------------------------------
-# Arguments
-
-
-def fill_slots(value: Any, lookup: Callable[[int], Any]) -> Any:
-    """A copy of a decoded argument with every :class:`TensorSlot` replaced by ``lookup(tid)``."""
-    if isinstance(value, rx.TensorSlot):
-        return lookup(value.tid)
-    if isinstance(value, list):
-        return [fill_slots(v, lookup) for v in value]
-    return value
-
-
-def to_float64_dtypes(value: Any) -> Any:
-    """Every floating ``torch.dtype`` inside an argument replaced by ``torch.float64``."""
-    if isinstance(value, torch.dtype):
-        return torch.float64 if value.is_floating_point else value
-    if isinstance(value, list):
-        return [to_float64_dtypes(v) for v in value]
-    return value
-
-
-def flatten(value: Any) -> list[Any]:
-    """Results flattened: nested lists/tuples expanded, other values kept (None included)."""
-    if isinstance(value, (list, tuple)):
-        out: list[Any] = []
-        for v in value:
-            out.extend(flatten(v))
-        return out
-    return [value]
-
-
-def shapes_of(values: Iterable[Any]) -> list[Any]:
-    """Shapes of the tensors among ``values`` (lists of shapes for tensor lists); for details."""
-    out: list[Any] = []
-    for v in values:
-        if isinstance(v, torch.Tensor):
-            out.append(list(v.shape))
-        elif isinstance(v, (list, tuple)) and any(isinstance(e, torch.Tensor) for e in v):
-            out.append([list(e.shape) if isinstance(e, torch.Tensor) else None for e in v])
-    return out
 
 
 @dataclass(frozen=True)
@@ -216,7 +127,7 @@ def resolve(qualified: str, device: torch.device) -> Any:
 # The walker
 
 
-class PlanWalker:
+class PlanWalker(rx.PlanInterpreter):
     """The values of a plan's tensors on ``device`` while its ops are walked in order.
 
     Inputs are drawn on the CPU from ``seed`` (the executor's data recipes) and copied to
@@ -226,53 +137,23 @@ class PlanWalker:
     """
 
     def __init__(self, plan: dict[str, Any], device: str | torch.device, seed: int):
-        self.plan = plan
-        self.device = torch.device(device)
+        super().__init__(plan, device)
         self.seed = int(seed)
-        self.cpu = rx.Executor(plan, "cpu", seed=seed, check_memory=False)
-        self.here = rx.Executor(plan, self.device, seed=seed, check_memory=False)
-        self.tensors = {t["id"]: t for t in plan["tensors"]}
-        self.storages = {s["id"]: s for s in plan["storages"]}
-        sched = rx.schedule(plan)
-        by_storage: dict[int, list[int]] = {}
-        for t in plan["tensors"]:
-            by_storage.setdefault(t["storage"], []).append(t["id"])
-        self.free_after = {int(i): [tid for sid in sids for tid in by_storage.get(sid, [])]
-                           for i, sids in sched["free_after"].items()}
+        self.free_after = rx.free_lists(plan, rx.schedule(plan))
         self.vals: dict[int, torch.Tensor] = {}
         self.external: set[int] = set()
         self.standins: set[int] = set()  # synthetic stand-ins for results no op produced here
         self.fallbacks = 0
         self._materialise()
 
-    def map_device(self, recorded: Any) -> torch.device:
-        return self.here.map_device(recorded)
-
     def _materialise(self) -> None:
-        bufs: dict[int, torch.Tensor] = {}
         views: dict[int, torch.Tensor] = {}
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(self.seed)
-            for t in self.plan["tensors"]:
-                if t.get("source") != "external":
-                    continue
-                sid = t["storage"]
-                if sid not in bufs:
-                    s = self.storages[sid]
-                    dt = rx.dtype_from_name(s["dtype"])
-                    itemsize = torch.empty((), dtype=dt).element_size()
-                    buf = torch.empty(max(1, -(-int(s["nbytes"]) // itemsize)), dtype=dt)
-                    rx.fill_storage(buf, s.get("recipe") or {"kind": "randn"})
-                    bufs[sid] = buf
-                shape = list(t["shape"])
-                strides = t.get("strides") or rx.contiguous_strides(shape)
-                v = torch.empty(0, dtype=rx.dtype_from_name(t["dtype"]))
-                v.set_(bufs[sid].untyped_storage(), int(t["offset"]), shape, strides)
-                views[t["id"]] = v
+            for tid, buf in self.external_buffers(torch.device("cpu")):
+                views[tid] = self.view(buf, tid)
         ids = list(views)
-        devs = {tid: self.map_device(self.tensors[tid].get("device") or
-                                     self.storages[self.tensors[tid]["storage"]].get("device")) for tid in ids}
-        copies = clone_group([views[i] for i in ids], [devs[i] for i in ids])
+        copies = clone_group([views[i] for i in ids], [self.tensor_device(i) for i in ids])
         for tid, c in zip(ids, copies):
             self.vals[tid] = c
             self.external.add(tid)
@@ -281,32 +162,13 @@ class PlanWalker:
         """A seeded synthetic tensor with the recorded metadata of ``tid``, on its device."""
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed((self.seed * 1_000_003 + tid) % (2 ** 63))
-            t = self.cpu.synth(tid)
-        rec = self.tensors[tid]
-        dev = self.map_device(rec.get("device") or self.storages[rec["storage"]].get("device"))
+            t = self.synthetic(tid, torch.device("cpu"))
+        dev = self.tensor_device(tid)
         return t.to(dev) if t.device != dev else t
 
     def _derive(self, tid: int) -> torch.Tensor | None:
-        t = self.tensors[tid]
-        anchor = self.storages[t["storage"]].get("anchor")
-        base = self.vals.get(anchor) if anchor is not None else None
-        if not isinstance(base, torch.Tensor):
-            return None
-        a = self.tensors[anchor]
-        dt = rx.dtype_from_name(t["dtype"])
-        itemsize = torch.empty((), dtype=dt).element_size()
-        off_bytes = int(t["offset"]) * itemsize + (base.storage_offset() - int(a["offset"])) * base.element_size()
-        shape = list(t["shape"])
-        strides = t.get("strides") or rx.contiguous_strides(shape)
-        if off_bytes < 0 or off_bytes % itemsize:
-            return None
-        off = off_bytes // itemsize
-        if (off + 1 + sum((s - 1) * st for s, st in zip(shape, strides))) * itemsize > base.untyped_storage().nbytes() \
-                and all(s > 0 for s in shape):
-            return None
-        out = torch.empty(0, dtype=dt, device=base.device)
-        out.set_(base.untyped_storage(), off, shape, strides)
-        return out
+        anchor = self.anchor_of(tid)
+        return self.derived_view(tid, self.vals.get(anchor) if anchor is not None else None)
 
     def value(self, tid: int) -> torch.Tensor:
         v = self.vals.get(tid)
@@ -327,29 +189,18 @@ class PlanWalker:
                   map_device: Callable[[Any], torch.device] | None = None,
                   device: torch.device | None = None) -> tuple[list[Any], dict[str, Any]]:
         """Decoded ``(args, kwargs)`` of ``op`` with tensors from ``lookup`` and devices mapped."""
-        mapper = map_device or self.map_device
-        args = fill_slots(rx.decode_value(op.get("args", []), mapper), lookup)
-        kwargs = {k: fill_slots(rx.decode_value(v, mapper), lookup) for k, v in op.get("kwargs", {}).items()}
-        dev = device or self.device
-        if dev.type != "cuda" and kwargs.get("pin_memory") is not None:
-            kwargs["pin_memory"] = False
-        return args, kwargs
+        args, kwargs = rx.decode_call(op, map_device or self.map_device, device or self.device)
+        return fill_slots(args, lookup), {k: fill_slots(v, lookup) for k, v in kwargs.items()}
 
     def bind(self, op: dict[str, Any], result: Any) -> None:
         """Record ``result`` under the op's output ids (a synthetic stand-in where it disagrees)."""
-        outs: list[int | None] = []
-        rx.Executor._flatten_outputs(op.get("outputs", []), outs)
-        flat = [result] if len(outs) == 1 and isinstance(result, torch.Tensor) else flatten(result)
-        if len(flat) != len(outs):
-            flat = [None] * len(outs)
+        outs = rx.flatten_outputs(op.get("outputs", []))
+        flat = rx.flat_results(result, len(outs))
         ins = set(rx.op_input_ids(op))
         for tid, r in zip(outs, flat):
             if tid is None:
                 continue
-            rec = self.tensors[tid]
-            ok = isinstance(r, torch.Tensor) and r.dtype == rx.dtype_from_name(rec["dtype"]) \
-                and list(r.shape) == list(rec["shape"])
-            if ok:
+            if self.agrees(tid, r):
                 self.vals[tid] = r
                 self.standins.discard(tid)
             elif tid in ins and tid in self.vals:
@@ -414,7 +265,7 @@ class OpRecord:
     k: int = 1
     output: int = 0
     outputs_compared: int = 0
-    excluded: str = ""  # outputs with backend-specific semantics (semantics.OutputPlan.note)
+    excluded: str = ""  # outputs with backend-specific semantics (OutputPlan.note)
 
     def describe(self) -> str:
         """One line: index, name, shapes, dtype, the errors and the outputs not compared as is."""
@@ -462,8 +313,7 @@ def lockstep(plan: dict[str, Any], target: Any, reference_device: str, seed: int
     """
     ref_dev = torch.device(reference_device)
     walker = PlanWalker(plan, ref_dev, seed)
-    tgt = rx.Executor(plan, target.device, seed=seed, check_memory=False)
-    tgt_dev = tgt.device
+    tgt = rx.PlanInterpreter(plan, target.device)
     cpu = torch.device("cpu")
     records: list[OpRecord] = []
     ops = plan["ops"]
@@ -473,15 +323,9 @@ def lockstep(plan: dict[str, Any], target: Any, reference_device: str, seed: int
         records.append(rec)
         if progress is not None and spec.index % 100 == 0:
             progress.note(f"op {spec.index}/{len(ops)} {spec.name}")
-        if spec.action == "noop":
-            rec.status, rec.reason = "noop", spec.reason or "no-op"
-            continue
-        if spec.action != "call":
-            rec.status, rec.reason = "skip", spec.reason or "not replayable"
-            continue
-        fn_ref = resolve(spec.qualified, ref_dev)
+        fn_ref = resolve(spec.qualified, ref_dev) if spec.action == "call" else None
         if fn_ref is None:
-            rec.status, rec.reason = "skip", "operator not in this torch"
+            rec.status, rec.reason = _not_called(spec)
             continue
         try:
             ref_in = walker.inputs(op)
@@ -491,52 +335,33 @@ def lockstep(plan: dict[str, Any], target: Any, reference_device: str, seed: int
         category = classify(spec.qualified, _bound(spec, op, walker))
         ids = list(ref_in)
         snapshot = dict(zip(ids, clone_group([ref_in[i] for i in ids], cpu)))
-        # target
         t_obs: list[Any] | None = None
         t_error = ""
         if category is None:
-            fn_t = resolve(spec.qualified, tgt_dev)
-            if fn_t is None:
-                category = f"no kernel for {tgt_dev.type}"
-            else:
-                devs = [tgt_dev if ref_in[i].device.type == ref_dev.type else ref_in[i].device for i in ids]
-                copies = dict(zip(ids, clone_group([snapshot[i] for i in ids], devs)))
-                t_args, t_kwargs = walker.call_args(op, copies.__getitem__, tgt.map_device, tgt_dev)
-                try:
-                    t_res = call_target(target, fn_t, t_args, t_kwargs)
-                    t_obs = [_cpu(v) for v in observe(t_res, t_args, t_kwargs, spec)]
-                except NotImplementedError:  # no kernel for this device (e.g. a CPU-only op of a CPU capture)
-                    category = f"no kernel for {tgt_dev.type}"
-                except Exception as exc:  # noqa: BLE001 - an op the target cannot run is reported
-                    msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-                    t_error = f"raised on the target: {type(exc).__name__}: {msg[:200]}"
-        # reference
+            t_obs, t_error, category = _run_target(target, tgt, spec, op, walker, snapshot,
+                                                   {i: v.device for i, v in ref_in.items()})
         r_args, r_kwargs = walker.call_args(op, ref_in.__getitem__)
         rec.input_shapes = shapes_of(list(r_args) + list(r_kwargs.values()))
         try:
             r_res = call_reference(fn_ref, r_args, r_kwargs)
         except Exception as exc:  # noqa: BLE001 - an op the reference cannot run is not compared
-            msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            rec.status, rec.reason = "skip", f"raised on the reference: {type(exc).__name__}: {msg[:200]}"
+            rec.status, rec.reason = "skip", f"raised on the reference: {_error_line(exc)}"
             walker.release(spec.index)
             continue
         r_obs_dev = observe(r_res, r_args, r_kwargs, spec)
         if category == "undefined memory":
-            for v in r_obs_dev:
-                if isinstance(v, torch.Tensor) and v.numel():
-                    v.zero_()
+            _zero_fill(r_obs_dev)
         walker.bind(op, r_res)
         r_obs = [_cpu(v) for v in r_obs_dev]
         rec.output_shapes = shapes_of(r_obs)
-        rec.dtype = next((_dtype_name(v) for v in r_obs if tol.is_floating(v)),
+        rec.dtype = next((_dtype_name(v) for v in r_obs if is_floating(v)),
                          next((_dtype_name(v) for v in r_obs if isinstance(v, torch.Tensor)), ""))
         if category is not None:
             rec.status, rec.reason = "skip", category
         elif t_error:
             rec.status, rec.reason = "error", t_error
         else:
-            oplan = semantics.output_plan(spec.qualified, spec.schema, r_res, spec.mutated, r_args, r_kwargs,
-                                          spec.name)
+            oplan = output_plan(spec.qualified, spec.schema, r_res, spec.mutated, r_args, r_kwargs, spec.name)
             _compare(rec, spec, op, walker, snapshot, t_obs or [], r_obs, seed, fp64_always, oplan)
             if rec.status == "fail" and any(i in walker.standins for i in ids):
                 # inputs made up for results of skipped ops can be inconsistent (offsets that do
@@ -549,10 +374,54 @@ def lockstep(plan: dict[str, Any], target: Any, reference_device: str, seed: int
     return records
 
 
+def _not_called(spec: OpSpec) -> tuple[str, str]:
+    """``(status, reason)`` of an op not run: a no-op, an op the plan skips, or one not in this torch."""
+    if spec.action == "noop":
+        return "noop", spec.reason or "no-op"
+    if spec.action != "call":
+        return "skip", spec.reason or "not replayable"
+    return "skip", "operator not in this torch"
+
+
+def _zero_fill(values: list[Any]) -> None:
+    """Zero the tensors among ``values`` (results of undefined memory, so that consumers read defined values)."""
+    for v in values:
+        if isinstance(v, torch.Tensor) and v.numel():
+            v.zero_()
+
+
+def _error_line(exc: BaseException) -> str:
+    msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return f"{type(exc).__name__}: {msg[:200]}"
+
+
+def _run_target(target: Any, tgt: rx.PlanInterpreter, spec: OpSpec, op: dict[str, Any], walker: PlanWalker,
+                snapshot: dict[int, torch.Tensor], ref_devices: dict[int, torch.device],
+                ) -> tuple[list[Any] | None, str, str | None]:
+    """Run one op on the target (inside ``target.active()``) on copies of the reference's inputs:
+    ``(observed results on the CPU, error, category)``; the category says why it was not compared
+    (no kernel for the target's device), the error that it raised."""
+    tgt_dev = tgt.device
+    fn_t = resolve(spec.qualified, tgt_dev)
+    if fn_t is None:
+        return None, "", f"no kernel for {tgt_dev.type}"
+    ids = list(snapshot)
+    devs = [tgt_dev if ref_devices[i].type == walker.device.type else ref_devices[i] for i in ids]
+    copies = dict(zip(ids, clone_group([snapshot[i] for i in ids], devs)))
+    t_args, t_kwargs = walker.call_args(op, copies.__getitem__, tgt.map_device, tgt_dev)
+    try:
+        t_res = call_target(target, fn_t, t_args, t_kwargs)
+        return [_cpu(v) for v in observe(t_res, t_args, t_kwargs, spec)], "", None
+    except NotImplementedError:  # no kernel for this device (e.g. a CPU-only op of a CPU capture)
+        return None, "", f"no kernel for {tgt_dev.type}"
+    except Exception as exc:  # noqa: BLE001 - an op the target cannot run is reported
+        return None, f"raised on the target: {_error_line(exc)}", None
+
+
 def _bound(spec: OpSpec, op: dict[str, Any], walker: PlanWalker) -> dict[str, Any]:
     """The op's arguments by schema name, tensors left out (for argument-dependent classification)."""
     args, kwargs = walker.call_args(op, lambda _tid: None)
-    return semantics.bind(spec.schema, args, kwargs)
+    return bind_by_name(spec.schema, args, kwargs)
 
 
 def _fp64_run(spec: OpSpec, op: dict[str, Any], walker: PlanWalker, snapshot: dict[int, torch.Tensor],
@@ -575,7 +444,7 @@ def _fp64_run(spec: OpSpec, op: dict[str, Any], walker: PlanWalker, snapshot: di
 
 def _compare(rec: OpRecord, spec: OpSpec, op: dict[str, Any], walker: PlanWalker,
              snapshot: dict[int, torch.Tensor], t_obs: list[Any], r_obs: list[Any], seed: int,
-             fp64_always: bool, oplan: semantics.OutputPlan | None = None) -> None:
+             fp64_always: bool, oplan: OutputPlan | None = None) -> None:
     if len(t_obs) != len(r_obs):
         rec.status, rec.kind = "fail", "exact"
         rec.reason = f"the target returned {len(t_obs)} results, the reference {len(r_obs)}"
@@ -586,8 +455,8 @@ def _compare(rec: OpRecord, spec: OpSpec, op: dict[str, Any], walker: PlanWalker
         rec.excluded = oplan.note()
         pairs = [(j, *oplan.prepare(j, t, r)) for j, t, r in pairs if not oplan.excluded(j)]
     rec.outputs_compared = len(pairs)
-    equal = {j: tol.bitwise_equal(t, r) for j, t, r in pairs}
-    floating = [j for j, _t, r in pairs if tol.is_floating(r)]
+    equal = {j: bitwise_equal(t, r) for j, t, r in pairs}
+    floating = [j for j, _t, r in pairs if is_floating(r)]
     need_exact = [j for j in floating if not equal[j]]
     exact: list[Any] | None = None
     sens: list[Any] | None = None
@@ -604,20 +473,20 @@ def _compare(rec: OpRecord, spec: OpSpec, op: dict[str, Any], walker: PlanWalker
         if sens is not None and len(sens) != len(r_obs):
             sens = None
     inputs = list(snapshot.values())
-    worst: tuple[tuple[bool, float], int, tol.Verdict, int] | None = None
+    worst: tuple[tuple[bool, float], int, Verdict, int] | None = None
     for j, t, r in pairs:
         e = exact[j] if exact is not None else None
-        k = tol.reduction_length(spec.qualified, inputs, r if isinstance(r, torch.Tensor) else None)
+        k = reduction_length(spec.qualified, inputs, r if isinstance(r, torch.Tensor) else None)
         s = None
         if sens is not None and isinstance(e, torch.Tensor) and isinstance(sens[j], torch.Tensor) \
                 and sens[j].shape == e.shape:
-            s = tol.normwise_error(sens[j], e)
+            s = normwise_error(sens[j], e)
         if equal[j] and isinstance(e, torch.Tensor) and isinstance(r, torch.Tensor) and e.shape == r.shape \
                 and r.dtype.is_floating_point:
-            err = tol.normwise_error(r, e)
-            v = tol.Verdict("pass", "bitwise", err, err, math.nan, 0.0)
+            err = normwise_error(r, e)
+            v = Verdict("pass", "bitwise", err, err, math.nan, 0.0)
         else:
-            v = tol.judge(t, r, e if isinstance(e, torch.Tensor) else None, k=k, sensitivity=s, note=note)
+            v = judge(t, r, e if isinstance(e, torch.Tensor) else None, k=k, sensitivity=s, note=note)
         key = (v.status == "fail", v.ratio if not math.isnan(v.ratio) else -1.0)
         if worst is None or key > worst[0]:
             worst = (key, j, v, k)
@@ -688,12 +557,10 @@ def replay_digests(plan: dict[str, Any], target: Any, seed: int) -> list[DigestR
                 walker.release(spec.index)
                 continue
             seen = observe(res, args, kwargs, spec)
-            category = classify(spec.qualified, semantics.bind(spec.schema, args, kwargs))
-            oplan = semantics.output_plan(spec.qualified, spec.schema, res, spec.mutated, args, kwargs, spec.name)
+            category = classify(spec.qualified, bind_by_name(spec.schema, args, kwargs))
+            oplan = output_plan(spec.qualified, spec.schema, res, spec.mutated, args, kwargs, spec.name)
             if category == "undefined memory":
-                for v in seen:
-                    if isinstance(v, torch.Tensor) and v.numel():
-                        v.zero_()
+                _zero_fill(seen)
             if any(tid in walker.standins for tid in ins):
                 # made-up inputs can make a kernel read undefined memory: its results are replaced by
                 # seeded stand-ins so that nothing downstream depends on them

@@ -32,6 +32,8 @@ from typing import Any
 
 import torch
 
+from mystique.replay.runtime import flatten_result as flatten
+
 EXCLUDE = "exclude"
 REFERENCE_DTYPE = "reference dtype"
 SELECTED = "selected values"
@@ -420,7 +422,7 @@ def _literal(text: str | None) -> Any:
 
 
 def bind(schema: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> dict[str, Any]:
-    """The arguments of a call by schema name (``schema``: a parsed :class:`~mystique.replay.executor.Schema`),
+    """The arguments of a call by schema name (``schema``: a parsed :class:`~mystique.replay.runtime.Schema`),
     defaults filled in from the schema text."""
     bound: dict[str, Any] = {}
     if schema is None:
@@ -463,8 +465,6 @@ def return_positions(schema: Any, result: Any, mutated: Sequence[tuple[Any, bool
                      kwargs: dict[str, Any]) -> list[int | None]:
     """For every value :func:`.engine.observe` lists (the flattened result, then the written
     arguments), the position in the schema's returns it is (None: a written argument no return aliases)."""
-    from .engine import flatten
-
     rets = _returns(schema)
     out: list[int | None] = []
     if isinstance(result, (tuple, list)) and (len(rets) != 1 or isinstance(result, tuple)):

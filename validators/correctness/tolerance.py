@@ -42,33 +42,18 @@ from typing import Any
 
 import torch
 
-UNIT_ROUNDOFF: dict[torch.dtype, float] = {
-    torch.float64: 2.0 ** -53,
-    torch.float32: 2.0 ** -24,
-    torch.bfloat16: 2.0 ** -8,
-    torch.float16: 2.0 ** -11,
-}
-HALF_DTYPES = (torch.bfloat16, torch.float16)
+from mystique.dtypes import HALF_DTYPES, unit_roundoff
+
 OUTPUT_ROUNDINGS: dict[torch.dtype, float] = {torch.float64: 4.0, torch.float32: 4.0, torch.bfloat16: 2.0,
                                               torch.float16: 2.0}
 ACCUMULATION_MARGIN = 4.0
 REFERENCE_FACTOR = 2.0
-FLOAT_DTYPES = tuple(UNIT_ROUNDOFF)
 
 # operator families for the reduction length K (names without namespace and overload)
 _MATMUL_FIRST = frozenset({"mm", "bmm", "matmul", "mv", "linear", "_addmm_activation"})
 _MATMUL_SECOND = frozenset({"addmm", "baddbmm", "addbmm", "addmv"})
 _DOT = frozenset({"dot", "vdot", "inner"})
 _ROWWISE_MARKERS = ("softmax", "norm", "logsumexp", "cumsum", "cumprod", "cross_entropy", "nll_loss", "var", "std")
-
-
-def unit_roundoff(dtype: torch.dtype) -> float:
-    """Unit roundoff (half an ulp at 1) of a floating dtype; ValueError for non-floating dtypes."""
-    if dtype in UNIT_ROUNDOFF:
-        return UNIT_ROUNDOFF[dtype]
-    if dtype.is_floating_point:  # float8 and friends
-        return float(torch.finfo(dtype).eps) / 2
-    raise ValueError(f"{dtype} is not a floating dtype")
 
 
 def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:

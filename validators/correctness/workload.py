@@ -25,8 +25,12 @@ from typing import Any
 
 import torch
 
-from . import engine
-from . import tolerance as tol
+from mystique import workloads
+from mystique.dtypes import unit_roundoff
+from mystique.replay.runtime import flatten_result
+
+from .engine import call_fp64, call_reference, call_target
+from .tolerance import bitwise_equal, error_bound, floor_bound, normwise_error
 
 
 @dataclass
@@ -73,15 +77,13 @@ def longest_dot(model: torch.nn.Module) -> int:
 
 
 def _first_tensor(out: Any) -> torch.Tensor:
-    for v in engine.flatten(out if not isinstance(out, dict) else list(out.values())):
+    for v in flatten_result(out if not isinstance(out, dict) else list(out.values())):
         if isinstance(v, torch.Tensor):
             return v
     raise TypeError(f"the workload's forward returned no tensor ({type(out).__name__})")
 
 
 def _build(name: str, config: str, seed: int) -> tuple[Any, torch.nn.Module, dict[str, torch.Tensor]]:
-    from mystique import workloads
-
     mod = workloads.get(name)
     cfg = mod.CONFIGS[config]
     cpu = torch.device("cpu")
@@ -97,9 +99,9 @@ def repeat_workload(name: str, config: str, target: Any, seed: int) -> tuple[boo
     mod, base, batch = _build(name, config, seed)
     tdev = torch.device(target.device)
     m_t, b_t = base.to(tdev), _batch_to(batch, tdev)
-    first = _first_tensor(engine.call_target(target, mod.forward, [m_t, b_t], {})).detach().cpu()
-    again = _first_tensor(engine.call_target(target, mod.forward, [m_t, b_t], {})).detach().cpu()
-    return tol.bitwise_equal(first, again), list(first.shape)
+    first = _first_tensor(call_target(target, mod.forward, [m_t, b_t], {})).detach().cpu()
+    again = _first_tensor(call_target(target, mod.forward, [m_t, b_t], {})).detach().cpu()
+    return bitwise_equal(first, again), list(first.shape)
 
 
 def compare_workload(name: str, config: str, target: Any, reference_device: str, seed: int) -> WorkloadOutcome:
@@ -112,26 +114,26 @@ def compare_workload(name: str, config: str, target: Any, reference_device: str,
     tdev, rdev = torch.device(target.device), torch.device(reference_device)
 
     m_t = copy.deepcopy(base).to(tdev)
-    out_t = _first_tensor(engine.call_target(target, mod.forward, [m_t, _batch_to(batch, tdev)], {}))
+    out_t = _first_tensor(call_target(target, mod.forward, [m_t, _batch_to(batch, tdev)], {}))
     out_t = out_t.detach().cpu()
     del m_t
 
     m_r = copy.deepcopy(base).to(rdev)
-    out_r = _first_tensor(engine.call_reference(mod.forward, [m_r, _batch_to(batch, rdev)], {})).detach().cpu()
+    out_r = _first_tensor(call_reference(mod.forward, [m_r, _batch_to(batch, rdev)], {})).detach().cpu()
     del m_r
 
     m_d = copy.deepcopy(base).to(torch.float64)
-    out_d = _first_tensor(engine.call_fp64(mod.forward, [m_d, _batch_to(batch, cpu, float64=True)], {}))
+    out_d = _first_tensor(call_fp64(mod.forward, [m_d, _batch_to(batch, cpu, float64=True)], {}))
     m_p = copy.deepcopy(base).to(torch.float64)
     b_p = _batch_to(batch, cpu, float64=True)
     gen = torch.Generator().manual_seed(seed + 1)
-    _perturb_(m_p, b_p, tol.unit_roundoff(torch.float32), gen)
-    out_p = _first_tensor(engine.call_fp64(mod.forward, [m_p, b_p], {}))
-    sens = tol.normwise_error(out_p, out_d)
+    _perturb_(m_p, b_p, unit_roundoff(torch.float32), gen)
+    out_p = _first_tensor(call_fp64(mod.forward, [m_p, b_p], {}))
+    sens = normwise_error(out_p, out_d)
     k = longest_dot(base)
     ref_norm = float(torch.linalg.vector_norm(out_r.double()))
-    err_r = tol.normwise_error(out_r, out_d, scale=ref_norm)
-    err_t = tol.normwise_error(out_t, out_d, scale=ref_norm) if out_t.shape == out_d.shape else float("inf")
-    bound = tol.error_bound(err_r, tol.floor_bound(out_r.dtype, k, sens))
-    return WorkloadOutcome(name, config, err_t, err_r, sens, k, bound, tol.bitwise_equal(out_t, out_r),
+    err_r = normwise_error(out_r, out_d, scale=ref_norm)
+    err_t = normwise_error(out_t, out_d, scale=ref_norm) if out_t.shape == out_d.shape else float("inf")
+    bound = error_bound(err_r, floor_bound(out_r.dtype, k, sens))
+    return WorkloadOutcome(name, config, err_t, err_r, sens, k, bound, bitwise_equal(out_t, out_r),
                            list(out_r.shape))

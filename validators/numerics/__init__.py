@@ -22,6 +22,11 @@ sweep), ``benchmark`` (a benchmark dir whose GEMM shapes join the sweep), ``work
 
 Every golden is computed on the CPU outside ``target.active()``; only the operators of the device
 under test run inside it.
+
+Layout: one module per group (``conversions.py`` holds two) with a ``run_<group>(ctx: Ctx)``
+function, listed in :data:`RUNNERS`; :class:`._ctx.Ctx` is the run's :class:`GroupContext` with
+the dtypes and the row helpers; a new operator of the sweep is a ``Case`` in :mod:`.op_cases`,
+judged by :mod:`.opsweep` with the bounds of :mod:`.bounds`; :mod:`._fp` holds the error metrics.
 """
 
 from __future__ import annotations
@@ -29,8 +34,26 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
-GROUPS: tuple[str, ...] = ("conversions", "special_values", "op_sweep", "accumulation", "model_deviation",
-                           "repeatability")
+import torch
+
+from mystique import dtypes as dtype_names
+from mystique.errors import UsageError
+from mystique.progress import Progress
+from mystique.results import Results, RunContext
+
+from ._ctx import Ctx
+from ._fp import SWEEP_DTYPES
+from .accumulation import run_accumulation
+from .conversions import run_conversions, run_special_values
+from .model import run_model_deviation
+from .opsweep import run_op_sweep
+from .repeat import run_repeatability
+
+RUNNERS: dict[str, Callable[[Ctx], None]] = {
+    "conversions": run_conversions, "special_values": run_special_values, "op_sweep": run_op_sweep,
+    "accumulation": run_accumulation, "model_deviation": run_model_deviation, "repeatability": run_repeatability,
+}
+GROUPS: tuple[str, ...] = tuple(RUNNERS)
 
 
 def groups(level: str = "quick") -> list[str]:
@@ -40,41 +63,18 @@ def groups(level: str = "quick") -> list[str]:
 
 
 def _check_level(level: str) -> None:
-    from mystique.errors import UsageError
-
     if level not in ("quick", "full"):
         raise UsageError(f"unknown level {level!r}; expected quick or full")
 
 
-def _runners() -> dict[str, Callable[[Any], None]]:
-    from .accumulation import run_accumulation
-    from .conversions import run_conversions, run_special_values
-    from .model import run_model_deviation
-    from .opsweep import run_op_sweep
-    from .repeat import run_repeatability
-
-    return {"conversions": run_conversions, "special_values": run_special_values, "op_sweep": run_op_sweep,
-            "accumulation": run_accumulation, "model_deviation": run_model_deviation,
-            "repeatability": run_repeatability}
-
-
 def _parse_dtypes(dtypes: Any) -> tuple:
-    import torch
-
-    from mystique.errors import UsageError
-
-    from ._fp import DTYPE_NAMES, SWEEP_DTYPES
-
     if dtypes is None:
         return SWEEP_DTYPES
     if isinstance(dtypes, str):
         dtypes = [d for d in dtypes.split(",") if d.strip()]
     out = []
     for d in dtypes:
-        if isinstance(d, torch.dtype):
-            dt = d
-        else:
-            dt = DTYPE_NAMES.get(str(d).strip().replace("torch.", ""))
+        dt = d if isinstance(d, torch.dtype) else dtype_names.from_name(d)
         if dt not in SWEEP_DTYPES:
             raise UsageError(f"unsupported dtype {d!r}; expected some of bfloat16, float16, float32")
         if dt not in out:
@@ -92,12 +92,6 @@ def run(target: Any, *, level: str = "quick", seed: int = 0, groups: Iterable[st
     for the CLI contract (nothing extra is written). Raises UsageError for unknown groups, dtypes,
     ops or levels.
     """
-    from mystique.errors import UsageError
-    from mystique.progress import Progress
-    from mystique.results import Results, RunContext
-
-    from ._ctx import Ctx
-
     _check_level(level)
     chosen = list(GROUPS) if groups is None else list(groups)
     unknown = [g for g in chosen if g not in GROUPS]
@@ -109,10 +103,9 @@ def run(target: Any, *, level: str = "quick", seed: int = 0, groups: Iterable[st
         options["ops"] = [o.strip() for o in (ops.split(",") if isinstance(ops, str) else ops) if o.strip()]
     res = Results(RunContext.for_target(target), "numerics")
     progress = Progress("numerics", total=len(chosen))
-    ctx = Ctx(target=target, res=res, seed=int(seed), level=level, dtypes=dtypes, progress=progress,
-              options=options)
-    runners = _runners()
+    ctx = Ctx(target=target, res=res, seed=int(seed), level=level, progress=progress, options=options,
+              out_dir=out_dir, dtypes=dtypes)
     for name in chosen:
         progress.note(f"group {name}")
-        runners[name](ctx)
+        RUNNERS[name](ctx)
     return res.frame()

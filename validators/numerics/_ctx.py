@@ -1,19 +1,19 @@
-"""State shared by the check groups of one numerics run, and the row helpers."""
+"""State shared by the check groups of one numerics run (a :class:`GroupContext` with the dtypes
+under test), and the row helpers."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from mystique.progress import Progress
-from mystique.results import Results
-from mystique.targets import Target
+from mystique.dtypes import name as dtype_name
 
-from ._fp import dtype_name
+from ..groups import GroupContext
+from ._fp import SWEEP_DTYPES
 
 
 def _fmt(v: float) -> str:
@@ -21,20 +21,10 @@ def _fmt(v: float) -> str:
 
 
 @dataclass
-class Ctx:
-    """One run: the target, the results being recorded, the seed, level and options."""
+class Ctx(GroupContext):
+    """One numerics run: the :class:`GroupContext` fields plus the dtypes under test."""
 
-    target: Target
-    res: Results
-    seed: int
-    level: str
-    dtypes: tuple[torch.dtype, ...]
-    progress: Progress
-    options: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def full(self) -> bool:
-        return self.level == "full"
+    dtypes: tuple[torch.dtype, ...] = SWEEP_DTYPES
 
     @property
     def device(self) -> torch.device:
@@ -56,6 +46,19 @@ class Ctx:
             out = fn()
         self.target.synchronize()
         return out
+
+    def attempt(self, check: str, subject: str, fn: Callable[[], Any], *, dtype: torch.dtype | None = None,
+                repro: str = "") -> Any:
+        """``fn()``; after a RuntimeError, a ``skip`` row where the device lacks the op
+        (:func:`unsupported`), else an ``error`` row carrying ``repro``, and None."""
+        try:
+            return fn()
+        except RuntimeError as exc:
+            if unsupported(exc):
+                self.skip(check, subject, str(exc).splitlines()[0][:160], dtype=dtype)
+            else:
+                self.error(check, subject, exc, dtype=dtype, repro=repro)
+            return None
 
     def repro(self, **facts: Any) -> str:
         """``seed=S level=L k=v ...``: what reproduces a row."""

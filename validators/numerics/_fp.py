@@ -11,15 +11,9 @@ from dataclasses import dataclass
 
 import torch
 
-LOW_DTYPES = (torch.bfloat16, torch.float16)
+from mystique import dtypes
+
 SWEEP_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-DTYPE_NAMES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16,
-               "fp16": torch.float16, "half": torch.float16, "float32": torch.float32, "fp32": torch.float32}
-
-
-def dtype_name(dtype: torch.dtype) -> str:
-    """``torch.bfloat16`` -> ``bfloat16``."""
-    return str(dtype).replace("torch.", "")
 
 
 @dataclass(frozen=True)
@@ -133,12 +127,6 @@ def componentwise_error(out: torch.Tensor, golden: torch.Tensor, scale: torch.Te
     return float(err[i]), i
 
 
-def bits_dtype(dtype: torch.dtype) -> torch.dtype:
-    """The integer dtype with the width of ``dtype`` (for bit views)."""
-    return {torch.bfloat16: torch.int16, torch.float16: torch.int16, torch.float32: torch.int32,
-            torch.float64: torch.int64}[dtype]
-
-
 def round_to_tf32(x: torch.Tensor) -> torch.Tensor:
     """Round fp32 values to TF32 (10 explicit mantissa bits) with ties to even; NaN/inf kept."""
     b = x.contiguous().view(torch.int32)
@@ -147,19 +135,8 @@ def round_to_tf32(x: torch.Tensor) -> torch.Tensor:
     return torch.where(torch.isfinite(x), r, x)
 
 
-def truncate_to_tf32(x: torch.Tensor) -> torch.Tensor:
-    """fp32 values with only their first 10 explicit mantissa bits kept (truncation); NaN/inf kept.
-
-    What a TF32 tensor core reads of an fp32 operand per PyTorch's numerical-accuracy note ("only
-    the first 10 bits of the input mantissa are read"): a relative error below ``2 u_tf32``.
-    """
-    b = x.contiguous().view(torch.int32)
-    r = (b & ~0x1FFF).view(torch.float32)
-    return torch.where(torch.isfinite(x), r, x)
-
-
 def hexbits(t: torch.Tensor) -> list[str]:
     """Hex strings of the bit patterns of a 1-D float tensor (for failure details)."""
-    width = {torch.int16: 4, torch.int32: 8, torch.int64: 16}[bits_dtype(t.dtype)]
+    width = dtypes.bits(t.dtype) // 4
     mask = (1 << (4 * width)) - 1
-    return [f"0x{int(v) & mask:0{width}x}" for v in t.contiguous().view(bits_dtype(t.dtype)).reshape(-1).tolist()]
+    return [f"0x{int(v) & mask:0{width}x}" for v in dtypes.int_view(t.contiguous()).reshape(-1).tolist()]

@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import torch
 
-from ._ctx import Ctx, unsupported
-from ._fp import LOW_DTYPES, dtype_name
+from mystique.dtypes import HALF_DTYPES
+from mystique.dtypes import name as dtype_name
+
+from ._ctx import Ctx
 
 J_MAX = 29
 N_SMALL = 16
@@ -55,7 +57,7 @@ def mantissa_bits(result: torch.Tensor, exact: torch.Tensor) -> int:
 
 def run_accumulation(ctx: Ctx) -> None:
     """Rows ``accumulator_precision`` (fails below fp32) and ``order_dependence`` (facts)."""
-    for dtype in [d for d in ctx.dtypes if d in LOW_DTYPES]:
+    for dtype in [d for d in ctx.dtypes if d in HALF_DTYPES]:
         rows, exact = probe_rows(dtype)
         ones = torch.ones(K_PROBE, 4, dtype=dtype)
         rd, od = ctx.to_device(rows), ctx.to_device(ones)
@@ -67,13 +69,9 @@ def run_accumulation(ctx: Ctx) -> None:
         }
         for op, fn in probes.items():
             repro = ctx.repro(op=op, dtype=dtype_name(dtype), probe=f"{J_MAX}x{K_PROBE}")
-            try:
-                out = ctx.on_device(fn).detach().cpu()
-            except RuntimeError as exc:
-                if unsupported(exc):
-                    ctx.skip("accumulator_precision", op, str(exc).splitlines()[0][:160], dtype=dtype)
-                else:
-                    ctx.error("accumulator_precision", op, exc, dtype=dtype, repro=repro)
+            out = ctx.attempt("accumulator_precision", op, lambda fn=fn: ctx.on_device(fn).detach().cpu(), dtype=dtype,
+                              repro=repro)
+            if out is None:
                 continue
             bits = mantissa_bits(out, exact)
             note = "at least " if bits > J_MAX else ""

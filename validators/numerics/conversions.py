@@ -18,8 +18,11 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from mystique.dtypes import HALF_DTYPES
+from mystique.dtypes import name as dtype_name
+
 from ._ctx import Ctx
-from ._fp import FORMATS, LOW_DTYPES, dtype_name, hexbits
+from ._fp import FORMATS, hexbits
 
 _MAX_PATTERN = {torch.bfloat16: 0x7F7F, torch.float16: 0x7BFF}
 _INF_PATTERN = {torch.bfloat16: 0x7F80, torch.float16: 0x7C00}
@@ -68,7 +71,7 @@ def conversion_cases(dtype: torch.dtype) -> dict[str, tuple[np.ndarray, np.ndarr
 def run_conversions(ctx: Ctx) -> None:
     """Rows ``conversion_exact``, ``conversion_round_nearest_even``, ``conversion_near_tie``, ``conversion_widening_exact``."""
     checks = {"exact": "conversion_exact", "tie": "conversion_round_nearest_even", "near_tie": "conversion_near_tie"}
-    for dtype in [d for d in ctx.dtypes if d in LOW_DTYPES]:
+    for dtype in [d for d in ctx.dtypes if d in HALF_DTYPES]:
         name = dtype_name(dtype)
         cases = conversion_cases(dtype)
         keys = list(cases)
@@ -218,7 +221,7 @@ def _nan(ctx: Ctx, dtype: torch.dtype) -> None:
         ("mm", lambda: row_nan(xd @ eye)),
         ("softmax", lambda: row_nan(torch.softmax(xd, 1))),
     ]
-    if dtype in LOW_DTYPES:
+    if dtype in HALF_DTYPES:
         xw = ctx.to_device(torch.tensor([nan, -nan, 1.0]))
         cases.append(("convert_float32", lambda: bool(torch.isnan(xw.to(dtype).cpu()).sum() == 2)))
     failed, unsupported = _run_cases(ctx, cases, dtype)

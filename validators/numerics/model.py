@@ -50,14 +50,20 @@ import math
 from typing import Any
 
 import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 from torch.utils.weak import WeakIdKeyDictionary
 
+from mystique import workloads
+from mystique.dtypes import HALF_DTYPES
+from mystique.dtypes import name as dtype_name
+
 from ._ctx import Ctx, unsupported
-from ._fp import FORMATS, LOW_DTYPES, U32, dtype_name, gamma, normwise_error
+from ._fp import FORMATS, U32, gamma, normwise_error
 from .bounds import P_FAIL
+from .op_cases import sdpa_backends
 
 BACKEND_RATIO = 2.0
 DRAWS = 8
@@ -231,14 +237,9 @@ def _batch_to(batch: dict[str, torch.Tensor], device: torch.device, fp64: bool =
 def run_model_deviation(ctx: Ctx) -> None:
     """Rows ``model_layer_deviation``, ``model_output_deviation``, ``model_train_deviation``,
     ``attention_backend_deviation`` per workload and autocast dtype."""
-    try:
-        from mystique import workloads
-    except Exception as exc:  # noqa: BLE001
-        ctx.skip("model_output_deviation", "workloads", f"mystique.workloads unavailable: {exc}")
-        return
     names = ctx.options.get("workloads") or workloads.names()
     config = ctx.options.get("model_config") or ("small" if ctx.full else "debug")
-    dtypes = [d for d in ctx.dtypes if d in LOW_DTYPES]
+    dtypes = [d for d in ctx.dtypes if d in HALF_DTYPES]
     for name in names:
         try:
             mod = workloads.get(name)
@@ -279,8 +280,6 @@ def _forward(ctx: Ctx, mod: Any, model: torch.nn.Module, batch: dict[str, torch.
         with torch.no_grad(), torch.autocast(ctx.device.type, dtype=dtype):
             if backend is None:
                 return mod.forward(model, batch)
-            from torch.nn.attention import sdpa_kernel
-
             with sdpa_kernel(backend):
                 return mod.forward(model, batch)
 
@@ -368,10 +367,6 @@ class _SdpaCalls(TorchFunctionMode):
 
 def _backends(ctx: Ctx, mod: Any, name: str, model: torch.nn.Module, batch: dict[str, torch.Tensor],
               dtype: torch.dtype, ref_out: torch.Tensor, default_err: float, repro: str) -> None:
-    from torch.nn.attention import SDPBackend
-
-    from .opsweep import sdpa_backends
-
     u = FORMATS[dtype].u
     try:
         with _SdpaCalls() as sdpa:

@@ -15,8 +15,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ._ctx import Ctx, unsupported
-from ._fp import dtype_name
+from mystique.dtypes import INT_OF_WIDTH
+from mystique.dtypes import name as dtype_name
+
+from ._ctx import Ctx
 
 MAY_VARY = ("index_add", "scatter_add", "embedding_bag_backward")
 
@@ -64,13 +66,9 @@ def run_repeatability(ctx: Ctx) -> None:
             dev = {k: ctx.to_device(v) for k, v in inputs.items()}
             repro = ctx.repro(op=op, dtype=dtype_name(dtype), repeats=repeats,
                               shapes=",".join("x".join(map(str, v.shape)) for v in inputs.values()))
-            try:
-                outs = [ctx.on_device(lambda fn=fn, dev=dev: fn(**dev)).detach().cpu() for _ in range(repeats)]
-            except RuntimeError as exc:
-                if unsupported(exc):
-                    ctx.skip("repeatability", op, str(exc).splitlines()[0][:160], dtype=dtype)
-                else:
-                    ctx.error("repeatability", op, exc, dtype=dtype, repro=repro)
+            outs = ctx.attempt("repeatability", op, lambda fn=fn, dev=dev: [
+                ctx.on_device(lambda: fn(**dev)).detach().cpu() for _ in range(repeats)], dtype=dtype, repro=repro)
+            if outs is None:
                 continue
             distinct: list[torch.Tensor] = []
             for o in outs:
@@ -89,7 +87,7 @@ def run_repeatability(ctx: Ctx) -> None:
 
 
 def _bit_mask(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    ib = {2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
+    ib = INT_OF_WIDTH[8 * a.element_size()]
     return a.contiguous().view(ib) == b.contiguous().view(ib)
 
 

@@ -16,10 +16,9 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_map
 
+from mystique.dtypes import FLOAT_LAYOUT, HALF_DTYPES, int_view
+
 aten = torch.ops.aten
-_LOW = (torch.bfloat16, torch.float16)
-_INT = {torch.bfloat16: torch.int16, torch.float16: torch.int16, torch.float32: torch.int32,
-        torch.float64: torch.int64}
 
 
 def _truncate(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -40,7 +39,7 @@ class RoundTowardZero(TorchDispatchMode):
         out = func(*args, **kwargs)
         if func in (aten._to_copy.default, aten.copy_.default, aten._to_copy.out):
             src = args[1] if func is aten.copy_.default else args[0]
-            if (isinstance(out, torch.Tensor) and out.dtype in _LOW and isinstance(src, torch.Tensor)
+            if (isinstance(out, torch.Tensor) and out.dtype in HALF_DTYPES and isinstance(src, torch.Tensor)
                     and src.dtype in (torch.float32, torch.float64)):
                 res = _truncate(src.to(out.device), out.dtype)
                 if func is aten.copy_.default:
@@ -102,8 +101,8 @@ class PushUlps(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        if func.__name__.split(".")[0] == self.op and isinstance(out, torch.Tensor) and out.dtype in _INT:
-            bits = out.contiguous().view(_INT[out.dtype])
+        if func.__name__.split(".")[0] == self.op and isinstance(out, torch.Tensor) and out.dtype in FLOAT_LAYOUT:
+            bits = int_view(out.contiguous())
             step = torch.where(bits < 0, -1, 1).to(bits.dtype)  # sign-magnitude: grows |value|
             pushed = (bits + step * self.ulps).view(out.dtype)
             return torch.where(torch.isfinite(out) & (out != 0), pushed, out)

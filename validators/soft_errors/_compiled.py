@@ -16,16 +16,16 @@ from llvmlite import ir
 from numba.core import cgutils, types
 from numba.extending import intrinsic
 
-from . import _kernels
+from ._numba_options import NJIT
 
+F32, F64, I64, I32, I8 = ir.FloatType(), ir.DoubleType(), ir.IntType(64), ir.IntType(32), ir.IntType(8)
 #: How many indices ahead the fused lookups prefetch a row (fbgemm's CPU kernels use 16 as well).
 PREFETCH = 16
 #: Indices per iteration of the fused lookup's loop over float32 rows (8-bit rows: one, LLVM unrolling it;
-#: four measured 12% slower on a 100000 x 128 table, with its eight vector accumulators)
+#: four were slower, with their eight vector accumulators)
 UNROLL = 4
 
-jit = numba.njit(cache=_kernels._STATE.get("cache", True), nogil=True, boundscheck=False,
-                 fastmath={"reassoc", "contract"})
+jit = numba.njit(**NJIT)
 
 
 @jit
@@ -193,149 +193,198 @@ def bag_verdict(lo, hi, out, idx, off, rowsum, psw, mean, c_lb, tiny, ref, got):
     return worst if finite else math.nan
 
 
+class _Chunk:
+    """The LLVM IR of one call of a chunk intrinsic (see :func:`_row_chunk`), emitted by :meth:`emit`.
+
+    ``nv`` accumulators of ``width`` float32 lanes; ``quantized`` (8-bit rows), ``weighted`` (per-sample
+    weights) and ``sums`` (the chunk also sums the bag's reference) are the literal properties of the call.
+    """
+
+    def __init__(self, nv: int, width: int, quantized: bool, weighted: bool, sums: bool,
+                 context: Any, builder: Any, signature: Any, args: Any) -> None:
+        self.nv, self.width, self.quantized, self.weighted, self.sums = nv, width, quantized, weighted, sums
+        self.context, self.builder, self.signature, self.args = context, builder, signature, args
+        self.vec = ir.VectorType(F32, width)
+        self.arrays = {k: context.make_array(signature.args[k])(context, builder, args[k])
+                       for k in (0, 1, 5, 8, 9) if k != 9 or weighted}
+
+    # ------------------------------------------------------------------ helpers over the builder
+    def ptr(self, k: int, *inds: Any) -> Any:
+        """Pointer to element ``inds`` of array argument ``k``."""
+        a, aty, builder = self.arrays[k], self.signature.args[k], self.builder
+        return cgutils.get_item_pointer2(self.context, builder, a.data, cgutils.unpack_tuple(builder, a.shape),
+                                         cgutils.unpack_tuple(builder, a.strides), aty.layout, list(inds))
+
+    def cast(self, k: int) -> Any:
+        """Integer argument ``k`` as an int64."""
+        return self.context.cast(self.builder, self.args[k], self.signature.args[k], types.int64)
+
+    def call(self, name: str, ret: Any, *xs: Any, fastmath: tuple[str, ...] = ()) -> Any:
+        """A call of the LLVM intrinsic ``name``."""
+        fn = cgutils.get_or_insert_function(self.builder.module, ir.FunctionType(ret, [x.type for x in xs]), name)
+        return self.builder.call(fn, list(xs), fastmath=fastmath)
+
+    def byte(self, p: Any, k: int) -> Any:
+        """Pointer ``k`` bytes past ``p``."""
+        return self.builder.gep(self.builder.bitcast(p, I8.as_pointer()), [ir.Constant(I64, k)])
+
+    def prefetch(self, p: Any) -> None:  # (into all levels: a non-temporal hint was slower)
+        self.call("llvm.prefetch.p0", ir.VoidType(), self.builder.bitcast(p, I8.as_pointer()), ir.Constant(I32, 0),
+                  ir.Constant(I32, 3), ir.Constant(I32, 1))
+
+    def splat(self, x: Any) -> Any:
+        """A vector of ``width`` copies of the scalar ``x``."""
+        builder, vec = self.builder, self.vec
+        v = builder.insert_element(ir.Constant(vec, None), x, ir.Constant(I32, 0))
+        return builder.shuffle_vector(v, ir.Constant(vec, None), ir.Constant(ir.VectorType(I32, self.width), None))
+
+    def row_of(self, i: Any) -> Any:  # (the caller has checked every index: see bag_lookup)
+        return self.context.cast(self.builder, self.builder.load(self.ptr(1, i)), self.signature.args[1].dtype,
+                                 types.int64)
+
+    # ------------------------------------------------------------------ the chunk
+    def emit(self) -> Any:
+        """The whole chunk: the loop over the bag's indices, the division of mean pooling, the stores of
+        the output and its sum and 1-norm; returns the ``(reference, output sum, output 1-norm)`` tuple."""
+        builder = self.builder
+        self.start, self.stop, self.col0, self.bag, self.codes = (self.cast(k) for k in (2, 3, 4, 6, 10))
+        divisor = self.context.cast(builder, self.args[7], self.signature.args[7], types.float32)
+        self.n = cgutils.unpack_tuple(builder, self.arrays[1].shape)[0]
+        with builder.goto_entry_block():  # allocas in the entry block: mem2reg keeps them in registers
+            self.accs = [builder.alloca(self.vec) for _ in range(self.nv)]
+            self.ref = builder.alloca(F64)
+        for a in self.accs:
+            builder.store(ir.Constant(self.vec, None), a)
+        builder.store(ir.Constant(F64, 0.0), self.ref)
+        self.loop()
+        self.divide(divisor)
+        got, mag = self.store_output()
+        return self.context.make_tuple(builder, self.signature.return_type,
+                                       [builder.load(self.ref), got, builder.fpext(mag, F64)])
+
+    def loop(self) -> None:
+        """Every index of the bag: float32 rows ``UNROLL`` indices per iteration, then the rest (LLVM
+        unrolls the summing loop only twice, which was slower)."""
+        builder, start, stop = self.builder, self.start, self.stop
+        unroll = 1 if self.quantized else UNROLL
+        quads = builder.sdiv(builder.sub(stop, start), ir.Constant(I64, unroll))
+        with cgutils.for_range(builder, quads) as loop:
+            base = builder.add(start, builder.mul(loop.index, ir.Constant(I64, unroll)))
+            for u in range(unroll):
+                self.lookup(builder.add(base, ir.Constant(I64, u)))
+        rest = builder.add(start, builder.mul(quads, ir.Constant(I64, unroll)))
+        with cgutils.for_range_slice(builder, rest, stop, ir.Constant(I64, 1), inc=True) as (i, _):
+            self.lookup(i)
+
+    def prefetch_ahead(self, i: Any) -> None:
+        """Prefetch the chunk of the row ``PREFETCH`` indices ahead (and its row sum, scale and bias)."""
+        builder = self.builder
+        ahead = builder.add(i, ir.Constant(I64, PREFETCH))
+        with builder.if_then(builder.icmp_signed("<", ahead, self.n), likely=True):
+            jp = self.row_of(ahead)
+            first = self.ptr(0, jp, self.col0)
+            for k in range(0, self.nv * self.width * (1 if self.quantized else 4), 64):
+                self.prefetch(self.byte(first, k))
+            if self.sums:
+                self.prefetch(self.ptr(8, jp))
+                if self.quantized:
+                    self.prefetch(self.ptr(0, jp, self.codes))
+
+    def lookup(self, i: Any) -> None:
+        """One index of the bag: prefetch ahead, then add its row sum to the reference and pool its row."""
+        builder = self.builder
+        self.prefetch_ahead(i)
+        j = self.row_of(i)
+        w = builder.load(self.ptr(9, i)) if self.weighted else None
+        if self.sums:
+            rs = builder.fpext(builder.load(self.ptr(8, j)), F64)
+            if self.weighted:
+                rs = builder.fmul(rs, builder.fpext(w, F64))
+            builder.store(builder.fadd(builder.load(self.ref), rs), self.ref)
+        if self.quantized:
+            sb = self.ptr(0, j, self.codes)
+            scale = builder.load(self.byte(sb, 0), typ=F32, align=1)
+            bias = builder.load(self.byte(sb, 4), typ=F32, align=1)
+            if self.weighted:  # (fenced: the backend would fuse w * bias with the add below)
+                scale = self.call("llvm.arithmetic.fence.f32", F32, builder.fmul(scale, w))
+                bias = self.call("llvm.arithmetic.fence.f32", F32, builder.fmul(bias, w))
+            self.pool(j, w, self.splat(scale), self.splat(bias))
+        else:
+            self.pool(j, w, None, None)
+
+    def pool(self, j: Any, w: Any, vs: Any, vb: Any) -> None:
+        """Add row ``j``'s chunk to the accumulators (8-bit rows: ``fma(q, scale, acc + bias)``)."""
+        builder, vec, width = self.builder, self.vec, self.width
+        for v in range(self.nv):
+            p = self.ptr(0, j, builder.add(self.col0, ir.Constant(I64, v * width)))
+            acc = builder.load(self.accs[v])
+            if self.quantized:
+                x = builder.uitofp(builder.load(p, typ=ir.VectorType(I8, width), align=1), vec)
+                acc = self.call(f"llvm.fma.v{width}f32", vec, x, vs, builder.fadd(acc, vb))
+            elif self.weighted:
+                acc = self.call(f"llvm.fma.v{width}f32", vec, self.splat(w), builder.load(p, typ=vec, align=4), acc)
+            else:
+                acc = builder.fadd(acc, builder.load(p, typ=vec, align=4))
+            builder.store(acc, self.accs[v])
+
+    def divide(self, divisor: Any) -> None:
+        """Mean pooling: the accumulators divided by the bag's length (x / 1 is x: sum pooling skips it)."""
+        builder = self.builder
+        dv = self.splat(divisor)
+        with builder.if_then(builder.fcmp_ordered("!=", divisor, ir.Constant(F32, 1.0)), likely=False):
+            for v in range(self.nv):
+                builder.store(builder.fdiv(builder.load(self.accs[v]), dv), self.accs[v])
+
+    def store_output(self) -> tuple[Any, Any]:
+        """Store the accumulators to ``out[b, c0:]``; returns the chunk's output sum (fp64: two orders of
+        summing agree to ~1e-16, so this verdict and the exact path's agree) and 1-norm (fp32, any order:
+        the threshold's D term covers it), from the values just stored."""
+        builder, vec, width = self.builder, self.vec, self.width
+        vec64 = ir.VectorType(F64, width)
+        total = absolute = None
+        for v in range(self.nv):
+            p = self.ptr(5, self.bag, builder.add(self.col0, ir.Constant(I64, v * width)))
+            o = builder.load(self.accs[v])
+            builder.store(o, builder.bitcast(p, vec.as_pointer()), align=4)
+            a = self.call(f"llvm.fabs.v{width}f32", vec, o)
+            o64 = builder.fpext(o, vec64)
+            total = o64 if total is None else builder.fadd(total, o64)
+            absolute = a if absolute is None else builder.fadd(absolute, a)
+        got = self.call(f"llvm.vector.reduce.fadd.v{width}f64", F64, ir.Constant(F64, 0.0), total,
+                        fastmath=("reassoc",))
+        mag = self.call(f"llvm.vector.reduce.fadd.v{width}f32", F32, ir.Constant(F32, 0.0), absolute,
+                        fastmath=("reassoc",))
+        return got, mag
+
+
 def _row_chunk(nv: int, width: int) -> Any:
     """A Numba intrinsic that pools one column chunk of a bag, written in LLVM IR.
 
     ``chunk(table, idx, s, e, c0, out, b, div, rowsum, psw, dcodes, summing)`` sets
     ``out[b, c0 : c0 + nv*width]`` to the bag ``idx[s:e]`` pooled over those columns and divided by
     ``div``, with ``nv`` accumulators of ``width`` float32 lanes held in registers (Numba's own loops keep
-    them in memory, which no alias analysis can lift: 1.6x slower than fbgemm). ``table`` is a float32
+    them in memory, which no alias analysis can lift). ``table`` is a float32
     (R x D) table or an 8-bit row-wise one (uint8, R x (D + 8): D codes, then the fp32 scale and bias at
     byte ``dcodes``); ``psw`` the per-sample weights or None. Each element is summed in index order in
     float32 exactly as torch's CPU kernels do (fp32 rows: ``acc + x``, or ``fma(w, x, acc)`` with
     weights; 8-bit rows: ``fma(q, scale, acc + bias)``, scale and bias multiplied by the weight first),
-    so the output is bitwise torch's (and checked to be, see :func:`.abft._fused_lookups_agree`). The
+    so the output is bitwise torch's (and checked to be, see :func:`.abft.fused_lookup.fused_lookups_agree`). The
     chunk's cache lines of the row ``PREFETCH`` indices ahead are prefetched. A ``summing`` chunk (a
     literal) also returns the bag's reference ``sum_i rowsum[j_i] (* psw[i])`` in fp64 and prefetches the
     row sums (and the scale and bias). Returns ``(reference, output sum, output 1-norm)``. The indices
-    are not checked here (each check is two instructions more per index: at ~20 per index in a loop whose
-    speed is the number of rows it has in flight, 10% of a lookup): :func:`bag_lookup` checks them all first.
+    are not checked here (each check is two instructions more per index in a loop whose speed is the
+    number of rows it has in flight): :func:`bag_lookup` checks them all first.
     """
-    f32, f64, i64, i32, i8 = ir.FloatType(), ir.DoubleType(), ir.IntType(64), ir.IntType(32), ir.IntType(8)
-    vec = ir.VectorType(f32, width)
 
     @intrinsic
     def chunk(typingctx, table, idx, s, e, c0, out, b, div, rowsum, psw, dcodes, summing):
         if not isinstance(summing, types.BooleanLiteral):
             return None
         sig = types.UniTuple(types.float64, 3)(table, idx, s, e, c0, out, b, div, rowsum, psw, dcodes, summing)
-        quantized = table.dtype == types.uint8
-        weighted = not isinstance(psw, types.NoneType)
-        sums = summing.literal_value
-        span = nv * width * (1 if quantized else 4)  # bytes of the chunk in a row
+        props = (table.dtype == types.uint8, not isinstance(psw, types.NoneType), summing.literal_value)
 
         def codegen(context, builder, signature, args):
-            ity = signature.args[1]
-            arrays = {k: context.make_array(signature.args[k])(context, builder, args[k])
-                      for k in (0, 1, 5, 8, 9) if k != 9 or weighted}
-
-            def ptr(k: int, *inds: Any) -> Any:
-                a, aty = arrays[k], signature.args[k]
-                return cgutils.get_item_pointer2(context, builder, a.data, cgutils.unpack_tuple(builder, a.shape),
-                                                 cgutils.unpack_tuple(builder, a.strides), aty.layout, list(inds))
-
-            def cast(k: int) -> Any:
-                return context.cast(builder, args[k], signature.args[k], types.int64)
-
-            def call(name: str, ret: Any, *xs: Any, fastmath: tuple[str, ...] = ()) -> Any:
-                fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ret, [x.type for x in xs]), name)
-                return builder.call(fn, list(xs), fastmath=fastmath)
-
-            def byte(p: Any, k: int) -> Any:
-                return builder.gep(builder.bitcast(p, i8.as_pointer()), [ir.Constant(i64, k)])
-
-            def prefetch(p: Any) -> None:  # (into all levels: a non-temporal hint measured 1.8x slower)
-                call("llvm.prefetch.p0", ir.VoidType(), builder.bitcast(p, i8.as_pointer()), ir.Constant(i32, 0),
-                     ir.Constant(i32, 3), ir.Constant(i32, 1))
-
-            def splat(x: Any) -> Any:
-                v = builder.insert_element(ir.Constant(vec, None), x, ir.Constant(i32, 0))
-                return builder.shuffle_vector(v, ir.Constant(vec, None), ir.Constant(ir.VectorType(i32, width), None))
-
-            start, stop, col0, bag, codes = cast(2), cast(3), cast(4), cast(6), cast(10)
-            divisor = context.cast(builder, args[7], signature.args[7], types.float32)
-            n = cgutils.unpack_tuple(builder, arrays[1].shape)[0]
-            with builder.goto_entry_block():  # allocas in the entry block: mem2reg keeps them in registers
-                accs = [builder.alloca(vec) for _ in range(nv)]
-                ref = builder.alloca(f64)
-            for a in accs:
-                builder.store(ir.Constant(vec, None), a)
-            builder.store(ir.Constant(f64, 0.0), ref)
-
-            def row_of(i: Any) -> Any:  # (the caller has checked every index: see bag_lookup)
-                return context.cast(builder, builder.load(ptr(1, i)), ity.dtype, types.int64)
-
-            def lookup(i: Any) -> None:  # one index of the bag: prefetch ahead, then pool its row
-                ahead = builder.add(i, ir.Constant(i64, PREFETCH))
-                with builder.if_then(builder.icmp_signed("<", ahead, n), likely=True):
-                    jp = row_of(ahead)
-                    first = ptr(0, jp, col0)
-                    for k in range(0, span, 64):
-                        prefetch(byte(first, k))
-                    if sums:
-                        prefetch(ptr(8, jp))
-                        if quantized:
-                            prefetch(ptr(0, jp, codes))
-                j = row_of(i)
-                w = builder.load(ptr(9, i)) if weighted else None
-                if sums:
-                    rs = builder.fpext(builder.load(ptr(8, j)), f64)
-                    if weighted:
-                        rs = builder.fmul(rs, builder.fpext(w, f64))
-                    builder.store(builder.fadd(builder.load(ref), rs), ref)
-                if quantized:
-                    sb = ptr(0, j, codes)
-                    scale = builder.load(byte(sb, 0), typ=f32, align=1)
-                    bias = builder.load(byte(sb, 4), typ=f32, align=1)
-                    if weighted:  # (fenced: the backend would fuse w * bias with the add below)
-                        scale = call("llvm.arithmetic.fence.f32", f32, builder.fmul(scale, w))
-                        bias = call("llvm.arithmetic.fence.f32", f32, builder.fmul(bias, w))
-                    vs, vb = splat(scale), splat(bias)
-                for v in range(nv):
-                    p = ptr(0, j, builder.add(col0, ir.Constant(i64, v * width)))
-                    acc = builder.load(accs[v])
-                    if quantized:
-                        x = builder.uitofp(builder.load(p, typ=ir.VectorType(i8, width), align=1), vec)
-                        acc = call(f"llvm.fma.v{width}f32", vec, x, vs, builder.fadd(acc, vb))
-                    elif weighted:
-                        acc = call(f"llvm.fma.v{width}f32", vec, splat(w), builder.load(p, typ=vec, align=4), acc)
-                    else:
-                        acc = builder.fadd(acc, builder.load(p, typ=vec, align=4))
-                    builder.store(acc, accs[v])
-
-            # float32 rows: the loop four indices at a time, then the rest (LLVM unrolls the summing loop only
-            # twice, measured 3-4% slower on a 100000 x 64 table)
-            unroll = 1 if quantized else UNROLL
-            quads = builder.sdiv(builder.sub(stop, start), ir.Constant(i64, unroll))
-            with cgutils.for_range(builder, quads) as loop:
-                base = builder.add(start, builder.mul(loop.index, ir.Constant(i64, unroll)))
-                for u in range(unroll):
-                    lookup(builder.add(base, ir.Constant(i64, u)))
-            rest = builder.add(start, builder.mul(quads, ir.Constant(i64, unroll)))
-            with cgutils.for_range_slice(builder, rest, stop, ir.Constant(i64, 1), inc=True) as (i, _):
-                lookup(i)
-            dv = splat(divisor)
-            vec64 = ir.VectorType(f64, width)
-            with builder.if_then(builder.fcmp_ordered("!=", divisor, ir.Constant(f32, 1.0)), likely=False):
-                for v in range(nv):  # (mean pooling: x / 1 is x, so sum pooling skips the division)
-                    builder.store(builder.fdiv(builder.load(accs[v]), dv), accs[v])
-            total = absolute = None
-            for v in range(nv):
-                p = ptr(5, bag, builder.add(col0, ir.Constant(i64, v * width)))
-                o = builder.load(accs[v])
-                builder.store(o, builder.bitcast(p, vec.as_pointer()), align=4)
-                a = call(f"llvm.fabs.v{width}f32", vec, o)
-                o64 = builder.fpext(o, vec64)
-                total = o64 if total is None else builder.fadd(total, o64)
-                absolute = a if absolute is None else builder.fadd(absolute, a)
-            # the chunk's output sum (fp64: two orders of summing agree to ~1e-16, so this verdict and the
-            # exact path's agree) and 1-norm (fp32, any order: the threshold's D term covers it), from the
-            # values just stored
-            got = call(f"llvm.vector.reduce.fadd.v{width}f64", f64, ir.Constant(f64, 0.0), total, fastmath=("reassoc",))
-            mag = call(f"llvm.vector.reduce.fadd.v{width}f32", f32, ir.Constant(f32, 0.0), absolute,
-                       fastmath=("reassoc",))
-            return context.make_tuple(builder, signature.return_type,
-                                      [builder.load(ref), got, builder.fpext(mag, f64)])
+            return _Chunk(nv, width, *props, context, builder, signature, args).emit()
 
         return sig, codegen
 

@@ -2,13 +2,12 @@
 
 A checksum verdict made of torch operations is some ten small operations after the checked
 product; right after a large GEMM or lookup the caches and predictors are cold and each of them
-costs 10-60 us on a 2-core x86 host, which is more than the checksum's own memory traffic. These
-kernels (defined in :mod:`._compiled`) compute the checksums and the verdict in the passes over the
-data themselves:
+costs more than the checksum's own memory traffic. These kernels (defined in :mod:`._compiled`)
+compute the checksums and the verdict in the passes over the data themselves:
 
 * ``b_pass``, ``a_pass``, ``mm_exact``: ``B W`` and ``|B| e`` in one pass over B, the reference
   ``A (B W)`` and the row norms of A in one over A, then ``C W`` and the ratio of every row to its
-  *exact* threshold in one over C (:mod:`.abft`'s formula);
+  *exact* threshold in one over C (:func:`.abft.encoding.gemm_constants`);
 * ``x_pass`` (before the product) and ``mm_exact``, or ``linear_exact`` (both after it): the reference
   and the row norms of the input and ``C W`` of the output of a Linear, against the exact threshold;
 * :func:`gemm_lower`: ``C W`` and the lower-bound verdict of an :func:`.abft.encode_gemm` encoding;
@@ -16,43 +15,40 @@ data themselves:
   output row and the lower-bound verdict of an EmbeddingBag computed by torch;
 * ``bag_lookup``: the EmbeddingBag itself (float32 or 8-bit row-wise rows, sum or mean, per-sample
   weights), bitwise torch's, with the row sums gathered and the bags checked in the same pass, its
-  inner loop written in LLVM IR so that the accumulators stay in registers (as fast as fbgemm's
-  kernels here); ``bag_out_verdict`` checks its output later against the references it wrote.
+  inner loop written in LLVM IR so that the accumulators stay in registers; ``bag_out_verdict``
+  checks its output later against the references it wrote.
 
-The kernels run on the calling thread: at 2 intra-op threads on this 2-core host the checked
-n = 1024 GEMM costs +11.5% (+15% with the rows split over a thread pool, so they are not split); on
-a host with many cores the torch path's multi-threaded BLAS passes (``MYSTIQUE_NO_NUMBA=1``) may be
-the faster one, which is not measured here.
-The GEMM passes read one row at a time and sum its products (exact in fp64: two fp32 factors) in fp64
-over vectorized lanes: on a cold 4 MB operand 30-40% faster here than the four-rows-at-a-time fp32
-blocks they replaced (222-242 us against 268-377 us per pass, 1024 x 1024), and more accurate. The
-kernels return the largest ratio, NaN where a value is not finite, and -1 (EmbeddingBag) where an
-index or offset is out of range; the caller then takes the NumPy/torch verdict, which also locates an
-alarm, reusing the checksums the kernel wrote. A kernel's verdict is therefore only ever "clean", and
-the tests check it against the exact path on random and corrupted data.
+The kernels run on the calling thread. The GEMM passes read one row at a time and sum its products
+(exact in fp64: two fp32 factors) in fp64 over vectorized lanes. The kernels return the largest ratio,
+NaN where a value is not finite, and -1 (EmbeddingBag) where an index or offset is out of range; the
+caller then takes the NumPy/torch verdict, which also locates an alarm, reusing the checksums the
+kernel wrote. A kernel's verdict is therefore only ever "clean", and the tests check it against the
+exact path on random and corrupted data.
 
-Numba compiles the kernels on first use (4-6 s in all here, once: they are cached on disk next to
-:mod:`._compiled` or in Numba's user cache, and load in about a second). Where Numba cannot be
-imported, or with ``MYSTIQUE_NO_NUMBA=1``, :func:`available` is False and the torch path runs
-instead, with the same verdicts. Only the ``reassoc``/``contract`` fast-math flags are set: NaN and
-infinity keep their IEEE meaning, which the verdicts rely on.
+Numba compiles the kernels on first use (once: they are cached on disk next to :mod:`._compiled` or
+in Numba's user cache). Where Numba cannot be imported, or with ``MYSTIQUE_NO_NUMBA=1``,
+:func:`available` is False and the torch path runs instead, with the same verdicts. The compile
+options are in :mod:`._numba_options`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib
 import os
+import sys
 import warnings
 from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 
+from ._numba_options import NJIT
+
 _STATE: dict[str, Any] = {}
 
 #: Environment variable that turns the compiled verdicts off (``1``): the torch path runs instead.
 DISABLE_ENV = "MYSTIQUE_NO_NUMBA"
-
 
 
 def _build(cache: bool = True) -> dict[str, Any] | None:
@@ -62,22 +58,17 @@ def _build(cache: bool = True) -> dict[str, Any] | None:
         import numba  # noqa: F401
     except Exception:  # noqa: BLE001 - any import failure (missing, broken LLVM) means the torch path
         return None
-    import importlib
+    NJIT["cache"] = cache
+    from ._compiled import KERNELS as kernels
 
-    _STATE["cache"] = cache
-    from . import _compiled
-
-    if not cache:
-        _compiled = importlib.reload(_compiled)
-    return dict(_compiled.KERNELS)
+    if not cache:  # the module imported afresh, so that its kernels are compiled without the cache
+        kernels = importlib.reload(sys.modules[f"{__package__}._compiled"]).KERNELS
+    return dict(kernels)
 
 
 def _run(name: str, n: int, *args: Any) -> float:
-    """Kernel ``name`` over rows (bags) ``[0, n)`` on the calling thread.
-
-    (Splitting the rows over a thread pool -- the kernels release the GIL -- was measured slower on
-    this 2-core host at 2 intra-op threads: +15% against +11.5% of an n = 1024 GEMM for one thread.)
-    """
+    """Kernel ``name`` over rows (bags) ``[0, n)`` on the calling thread (the kernels release the GIL,
+    but splitting the rows over a thread pool was slower than one thread)."""
     return float(_kernels()[name](0, n, *args))
 
 
@@ -126,6 +117,12 @@ def raw(name: str) -> Any:
     return _kernels()[name]
 
 
+def kernel_table() -> dict[str, Any] | None:
+    """Every compiled kernel by name (None where the compiled verdicts cannot run), for the calls that are
+    no hot path and are not :func:`raw`'s."""
+    return _kernels()
+
+
 def available() -> bool:
     """Whether the compiled verdicts can run (Numba importable and not disabled by ``MYSTIQUE_NO_NUMBA=1``)."""
     return _kernels() is not None
@@ -151,7 +148,7 @@ def gemm_lower(c: np.ndarray, w: np.ndarray, ref: np.ndarray, vnorm: np.ndarray,
     """Write the row checksums ``W^T C^T`` (fp64) of an (M x N) float32 ``c`` with the
     (2 x N) float32 weights ``w`` to ``got`` (2 x M float64) and return the largest
     ``max_w |got_wi - ref_wi| / lb_i``, ``lb`` the lower-bound threshold of
-    :meth:`.abft.RowChecks._lower_bound` (NaN when a value is not finite)."""
+    :meth:`.abft.RowChecks.lower_bound` (NaN when a value is not finite)."""
     return _run("gemm_lower", c.shape[0], c, w, ref, vnorm, factor, det, tiny, got)
 
 

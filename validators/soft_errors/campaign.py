@@ -29,12 +29,30 @@ import torch.nn.functional as F
 
 import mystique
 from mystique.errors import UsageError
+from mystique.faults.bits import choose_bits, flip_bits_, hash_seed
 from mystique.io import atomic_write_bytes
 from mystique.progress import Progress
 
-from . import abft
-from .bits import choose_bits, flip_bits_
-from .inject import flip_tensor, hash_seed
+from .abft import (
+    UNIT_ROUNDOFF,
+    Bags,
+    CheckReport,
+    FusedCall,
+    QuantizedTable,
+    accumulate,
+    checked_embedding_bag,
+    checked_linear,
+    checked_mm,
+    checked_quantized_embedding_bag,
+    checked_table,
+    encode_gemm,
+    fused_table,
+    prime,
+    quantized_embedding_bag,
+    verify_bag_output,
+    verify_gemm,
+)
+from .inject import flip_tensor
 
 TrialFn = Callable[[int], dict[str, Any]]
 SIGNIFICANCE = 2.0**-7  # a flip is significant when it moves an output by more than this x rms(output)
@@ -239,36 +257,36 @@ def gemm_trial(op: str, site: str, bit_class: str, pattern: str, seed: int, devi
         dt = getattr(torch, kind)
         a = random_matrix((m, k), dist, g).to(dt).to(device)
         b = random_matrix((k, n), dist, g).to(dt).to(device)
-    clean = abft._accumulate(a, b)  # golden: outside the device-under-test mode
+    clean = accumulate(a, b)  # golden: outside the device-under-test mode
     clean_out = clean if kind in ("int8", "float32") else clean.to(a.dtype)
     k_bits = rng.choice((2, 3, 4)) if pattern != "single" else 1
     with active():
         if kind == "int8":
-            enc = abft.encode_gemm(a, b)
+            enc = encode_gemm(a, b)
         else:
-            enc = abft.encode_gemm(a.float(), b.float())
+            enc = encode_gemm(a.float(), b.float())
             if op not in CONTRAST_OPS:  # checked_mm's path: the verdict prepared before the product
-                abft._prime(enc, None)
+                prime(enc, None)
         a_used = a
         if site == "gemm_operand":
             a_used = a.clone()
             rec = flip_tensor(a_used, seed=seed, site=site, name=op, bit_class=bit_class, pattern=pattern, k=k_bits)
-        acc = abft._accumulate(a_used, b)
+        acc = accumulate(a_used, b)
         if site == "gemm_output":
             rec = flip_tensor(acc, seed=seed, site=site, name=op, bit_class=bit_class, pattern=pattern, k=k_bits)
         if kind == "int8":
             out = acc
-            rep = abft.verify_gemm(enc, acc, dtype=torch.int8)
+            rep = verify_gemm(enc, acc, dtype=torch.int8)
         elif kind == "float32":
             out = acc
-            rep = abft.verify_gemm(enc, acc, dtype=a.dtype)
+            rep = verify_gemm(enc, acc, dtype=a.dtype)
         elif op in CONTRAST_OPS:
             out = acc.to(a.dtype)
-            rep = abft.verify_gemm(enc, out.float(), dtype=a.dtype, u=abft.UNIT_ROUNDOFF[torch.float32],
-                                   u_out=abft.UNIT_ROUNDOFF[a.dtype])
+            rep = verify_gemm(enc, out.float(), dtype=a.dtype, u=UNIT_ROUNDOFF[torch.float32],
+                              u_out=UNIT_ROUNDOFF[a.dtype])
         else:
             out = acc.to(a.dtype)
-            rep = abft.verify_gemm(enc, acc, dtype=a.dtype)
+            rep = verify_gemm(enc, acc, dtype=a.dtype)
     delta = _delta(clean_out, out)
     tol = 0.0 if kind == "int8" else SIGNIFICANCE * _rms(clean_out)
     return {"op": op, "site": site, "bit_class": bit_class, "pattern": pattern, "seed": seed,
@@ -294,10 +312,10 @@ def embedding_trial(op: str, site: str, bit_class: str, pattern: str, seed: int,
     quant = "8bit" in op
     idx, offsets = idx.to(device), offsets.to(device)
     if quant:
-        table = abft.QuantizedTable.from_float(weight.to(device))
-        clean = abft.quantized_embedding_bag(table, idx, offsets, mode)
+        table = QuantizedTable.from_float(weight.to(device))
+        clean = quantized_embedding_bag(table, idx, offsets, mode)
     else:
-        table = abft.checked_table(weight.to(device))
+        table = checked_table(weight.to(device))
         clean = F.embedding_bag(idx, table.weight, offsets, mode=mode)
     pos = rng.randrange(idx.numel())
     row = int(idx[pos])
@@ -313,16 +331,16 @@ def embedding_trial(op: str, site: str, bit_class: str, pattern: str, seed: int,
                     bits = choose_bits(torch.uint8, bit_class, pattern, k_bits, rng)
                 orig, new = flip_bits_(packed, row * packed.shape[1] + col, bits)
                 index = row * packed.shape[1] + col
-            faulty = abft.QuantizedTable(packed, table.checks, d)
-            call = abft._FusedCall.of(faulty.fused(), abft._Bags(table.checks, idx, offsets, mode, None, bags, d, 6.0,
-                                                                 0.0, None, op, "uint8", (rows, d, bags)))
-            out, rep = _checked_bag(call, site, lambda: abft.quantized_embedding_bag(faulty, idx, offsets, mode))
+            faulty = QuantizedTable(packed, table.checks, d)
+            call = FusedCall.of(faulty.fused(), Bags(table.checks, idx, offsets, mode, None, bags, d, 6.0,
+                                                       0.0, None, op, "uint8", (rows, d, bags)))
+            out, rep = _checked_bag(call, site, lambda: quantized_embedding_bag(faulty, idx, offsets, mode))
             if site == "bag_output":
                 rec = flip_tensor(out, seed=seed, site=site, name=op, bit_class=bit_class, pattern=pattern, k=k_bits)
                 bits, index, orig, new = rec.bits, rec.index, rec.original, rec.corrupted
             if rep is None:
                 rep = call.verdict(out) if call is not None else \
-                    abft.verify_bag_output(out, table.checks, idx, offsets, mode, extra=6.0, op=op, dtype="uint8")
+                    verify_bag_output(out, table.checks, idx, offsets, mode, extra=6.0, op=op, dtype="uint8")
         else:
             faulty = table.weight.clone()
             if site == "embedding_row":
@@ -330,7 +348,7 @@ def embedding_trial(op: str, site: str, bit_class: str, pattern: str, seed: int,
                 bits = choose_bits(torch.float32, bit_class, pattern, k_bits, rng)
                 index = row * faulty.shape[1] + col
                 orig, new = flip_bits_(faulty, index, bits)
-            call = abft._FusedCall.of(abft.fused_table(faulty, table.checks, d), abft._Bags(
+            call = FusedCall.of(fused_table(faulty, table.checks, d), Bags(
                 table.checks, idx, offsets, mode, None, bags, d, 4.0, 0.0, None, op, "float32", (rows, d, bags)))
             out, rep = _checked_bag(call, site, lambda: F.embedding_bag(idx, faulty, offsets, mode=mode))
             if site == "bag_output":
@@ -338,7 +356,7 @@ def embedding_trial(op: str, site: str, bit_class: str, pattern: str, seed: int,
                 bits, index, orig, new = rec.bits, rec.index, rec.original, rec.corrupted
             if rep is None:
                 rep = call.verdict(out) if call is not None else \
-                    abft.verify_bag_output(out, table.checks, idx, offsets, mode, op=op)
+                    verify_bag_output(out, table.checks, idx, offsets, mode, op=op)
     delta = _delta(clean, out)
     tol = SIGNIFICANCE * _rms(clean)
     return {"op": op, "site": site, "bit_class": bit_class, "pattern": pattern, "seed": seed,
@@ -348,7 +366,7 @@ def embedding_trial(op: str, site: str, bit_class: str, pattern: str, seed: int,
 
 
 def _checked_bag(call: Any, site: str, lookup: Callable[[], torch.Tensor]
-                 ) -> tuple[torch.Tensor, abft.CheckReport | None]:
+                 ) -> tuple[torch.Tensor, CheckReport | None]:
     """The lookup of a detection trial as the product checks it: on the CPU the fused compiled lookup
     (``call``), with its own verdict for a table flip (as ``checked_embedding_bag``) and, for an output
     flip (injected after it), without, the output being checked after the flip (as ``protect``'s hook);
@@ -393,7 +411,7 @@ def clean_trial_fn(seed: int, device: str, active: Callable[[], AbstractContextM
         g = torch.Generator().manual_seed(s)
         op = CLEAN_OPS[i % len(CLEAN_OPS)]
         dist = rng.choice(DISTRIBUTIONS)
-        reps: list[abft.CheckReport] = []
+        reps: list[CheckReport] = []
         scale = 10.0 ** rng.uniform(-6, 6)
         if op.startswith(("gemm", "linear")):
             m, k, n = (rng.randint(1, max_dim) for _ in range(3))
@@ -408,9 +426,9 @@ def clean_trial_fn(seed: int, device: str, active: Callable[[], AbstractContextM
             with active():
                 for exact in (False, True):  # the product's path (verdict), then the exact ratio
                     if bias is not None:
-                        _, rep = abft.checked_linear(a, b.t().contiguous(), bias, exact_ratio=exact)
+                        _, rep = checked_linear(a, b.t().contiguous(), bias, exact_ratio=exact)
                     else:
-                        _, rep = abft.checked_mm(a, b, exact_ratio=exact)
+                        _, rep = checked_mm(a, b, exact_ratio=exact)
                     reps.append(rep)
             shape = [m, k, n]
         else:
@@ -422,14 +440,14 @@ def clean_trial_fn(seed: int, device: str, active: Callable[[], AbstractContextM
             offsets = torch.tensor([0, *torch.tensor(lengths).cumsum(0)[:-1].tolist()], dtype=torch.int64).to(device)
             mode = "mean" if op.endswith("mean") else "sum"
             if "8bit" in op:
-                table = abft.QuantizedTable.from_float(weight)
+                table = QuantizedTable.from_float(weight)
                 with active():
-                    reps.extend(abft.checked_quantized_embedding_bag(table, idx, offsets, mode, exact_ratio=x)[1]
+                    reps.extend(checked_quantized_embedding_bag(table, idx, offsets, mode, exact_ratio=x)[1]
                                 for x in (False, True))
             else:
-                table = abft.checked_table(weight)
+                table = checked_table(weight)
                 with active():
-                    reps.extend(abft.checked_embedding_bag(table, idx, offsets, mode, exact_ratio=x)[1]
+                    reps.extend(checked_embedding_bag(table, idx, offsets, mode, exact_ratio=x)[1]
                                 for x in (False, True))
             shape = [rows, d, bags]
         return {"op": op, "seed": s, "dist": dist, "scale": scale, "shape": shape,

@@ -32,18 +32,27 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from mystique.hostinfo import torch_threads
 from mystique.timing import median_interval
 
-from . import abft
+from .abft import (
+    CheckReport,
+    QuantizedTable,
+    check_weights,
+    checked_embedding_bag,
+    checked_linear,
+    checked_mm,
+    checked_quantized_embedding_bag,
+    checked_table,
+    quantized_embedding_bag,
+)
 from .protect import protect
 
 #: Targets of the issue: fp32 GEMM at n >= 1024 and EmbeddingBag.
 TARGETS = {"gemm": 0.05, "embedding_bag": 0.10}
 GEMM_TARGET_MIN_N = 1024
 #: Rounds of a table comparison per ``reps``: a lookup is short and its time varies with the fresh
-#: indices of each round (the paired ratios of D=64 lookups spread by +-30% on this host), so the
-#: median needs many more rounds than a GEMM's to resolve a few percent (10 x 81 rounds: about 10 s
-#: per table shape)
+#: indices of each round, so the median needs many more rounds than a GEMM's to resolve a few percent
 TABLE_ROUNDS = 10
 
 
@@ -119,15 +128,8 @@ def time_interleaved(fns: dict[str, Callable[[], Any]], reps: int, *, device: st
 @contextlib.contextmanager
 def cpu_threads(device: str, threads: int) -> Iterator[int]:
     """Run the block on ``threads`` intra-op threads on the CPU (0: leave torch's setting); yields the count."""
-    if torch.device(device).type != "cpu" or threads <= 0:
+    with torch_threads(threads if threads > 0 else None, device):
         yield torch.get_num_threads()
-        return
-    old = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        yield threads
-    finally:
-        torch.set_num_threads(old)
 
 
 def load_average() -> float:
@@ -169,19 +171,19 @@ def gemm_functions(n: int, device: str, seed: int) -> dict[str, Callable[[], Any
             raise RuntimeError(f"clean protected Linear raised an alarm: {guard.alarms[0].describe()}")
         return out
 
-    def checked_mm() -> Any:
-        out, rep = abft.checked_mm(a, b)
+    def checked_gemm() -> Any:
+        out, rep = checked_mm(a, b)
         if rep.alarm:
             raise RuntimeError(f"clean checked GEMM raised an alarm: {rep.describe()}")
         return out
 
-    def checked_linear() -> Any:
-        out, rep = abft.checked_linear(a, w, bias)
+    def checked_layer() -> Any:
+        out, rep = checked_linear(a, w, bias)
         if rep.alarm:
             raise RuntimeError(f"clean checked Linear raised an alarm: {rep.describe()}")
         return out
 
-    wt = abft.check_weights(n, a.device, a.dtype)
+    wt = check_weights(n, a.device, a.dtype)
 
     def bare_passes() -> Any:  # the memory traffic of any unfused check, without its verdict
         ref = (wt @ b.t()) @ a.t()
@@ -192,9 +194,9 @@ def gemm_functions(n: int, device: str, seed: int) -> dict[str, Callable[[], Any
         "mm": lambda: a @ b,
         "mm_again": lambda: a @ b,
         "mm_bare_passes": bare_passes,
-        "checked_mm": checked_mm,
+        "checked_mm": checked_gemm,
         "linear": lambda: F.linear(a, w, bias),
-        "checked_linear": checked_linear,
+        "checked_linear": checked_layer,
         "linear_module": lambda: plain(a),
         "protected_linear_module": protected,
     }
@@ -227,12 +229,12 @@ class EmbeddingFunctions:
         # every path reads the same table (and the 8-bit paths the same packed table), so that the
         # table's residency in the caches is the same whichever path ran before
         self.w = source
-        self.table = abft.checked_table(source)
+        self.table = checked_table(source)
         weight = torch.nn.Parameter(source, requires_grad=False)
         self.plain = torch.nn.EmbeddingBag(rows, dim, mode="sum", _weight=weight)
         self.guarded = torch.nn.EmbeddingBag(rows, dim, mode="sum", _weight=weight)
         self.guard = protect(self.guarded)
-        self.qt = abft.QuantizedTable.from_float(source)
+        self.qt = QuantizedTable.from_float(source)
         self.rowsum = self.table.checks.rowsum[:, 0]
         self.device = device
         self.offsets = torch.arange(0, self.n, length, device=device)
@@ -241,7 +243,7 @@ class EmbeddingFunctions:
     def prepare(self, r: int) -> None:
         self.idx = torch.randint(0, self.rows, (self.n,), generator=self.g).to(self.device)
 
-    def _ok(self, out_rep: tuple[Any, abft.CheckReport]) -> Any:
+    def _ok(self, out_rep: tuple[Any, CheckReport]) -> Any:
         out, rep = out_rep
         if rep.alarm:
             raise RuntimeError(f"clean checked EmbeddingBag raised an alarm: {rep.describe()}")
@@ -257,15 +259,15 @@ class EmbeddingFunctions:
         return {
             "embedding_bag": lambda: F.embedding_bag(self.idx, self.w, self.offsets, mode="sum"),
             "embedding_bag_again": lambda: F.embedding_bag(self.idx, self.w, self.offsets, mode="sum"),
-            "checked_embedding_bag": lambda: self._ok(abft.checked_embedding_bag(self.table, self.idx, self.offsets)),
+            "checked_embedding_bag": lambda: self._ok(checked_embedding_bag(self.table, self.idx, self.offsets)),
             "embedding_bag_module": lambda: self.plain(self.idx, self.offsets),
             "protected_embedding_bag_module": protected,
-            "embedding_bag_8bit": lambda: abft.quantized_embedding_bag(self.qt, self.idx, self.offsets),
+            "embedding_bag_8bit": lambda: quantized_embedding_bag(self.qt, self.idx, self.offsets),
             "checked_embedding_bag_8bit": lambda: self._ok(
-                abft.checked_quantized_embedding_bag(self.qt, self.idx, self.offsets)),
+                checked_quantized_embedding_bag(self.qt, self.idx, self.offsets)),
             "embedding_bag_bare_gather": lambda: (F.embedding_bag(self.idx, self.w, self.offsets, mode="sum"),
                                                   self.rowsum.index_select(0, self.idx)),
-            "embedding_bag_8bit_bare_gather": lambda: (abft.quantized_embedding_bag(self.qt, self.idx, self.offsets),
+            "embedding_bag_8bit_bare_gather": lambda: (quantized_embedding_bag(self.qt, self.idx, self.offsets),
                                                        self.rowsum.index_select(0, self.idx)),
         }
 

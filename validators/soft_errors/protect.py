@@ -5,7 +5,7 @@ against checksums computed from the inputs and cached weight checksums (recomput
 changes, e.g. after an optimizer step); ``guard.alarms`` lists the detections and ``guard.checks``
 counts the verified calls. Outputs are never changed: on the CPU an EmbeddingBag's ``forward`` is
 replaced, while protected, by a fused lookup that computes torch's output bitwise (checked once per
-process against torch, see :func:`.abft._fused_lookups_agree`) and the checksum reference with it.
+process against torch, see :func:`.abft.fused_lookups_agree`) and the checksum reference with it.
 
 Cost per call (the weight side is cached): a Linear, one pass over its input and one over its
 output (:func:`.abft.verify_linear`; on the CPU the pass over the input in a forward pre-hook, before
@@ -29,7 +29,24 @@ from typing import Any
 import torch
 from torch import nn
 
-from . import _kernels, abft
+from mystique.dtypes import name as dtype_name
+
+from ._kernels import available as kernels_available
+from .abft import (
+    UNIT_ROUNDOFF,
+    Bags,
+    CheckReport,
+    CompiledBags,
+    CompiledLinear,
+    EmbeddingChecks,
+    FusedCall,
+    LinearEncoding,
+    bags_args,
+    encode_linear,
+    fused_table,
+    verify_bag_output,
+    verify_linear,
+)
 
 
 @dataclass
@@ -37,7 +54,7 @@ class Alarm:
     module: str
     kind: str
     call: int
-    report: abft.CheckReport
+    report: CheckReport
 
     def describe(self) -> str:
         return f"{self.module} ({self.kind}) call {self.call}: {self.report.describe()}"
@@ -65,7 +82,7 @@ class Guard:
     def __exit__(self, *exc: Any) -> None:
         self.remove()
 
-    def record(self, name: str, kind: str, rep: abft.CheckReport) -> None:
+    def record(self, name: str, kind: str, rep: CheckReport) -> None:
         self.checks += 1
         self.per_module[name] = self.per_module.get(name, 0) + 1
         if not rep.checked:
@@ -99,29 +116,29 @@ def _linear_hooks(guard: Guard, name: str, lam: float | None, exact: bool):
     """A forward pre-hook and a forward hook checking a Linear.
 
     On the CPU, for float32 input and output, the pre-hook makes the pass over the input (the
-    reference checksums and the input's row norms, :meth:`.abft._CompiledLinear.reference`) before the
+    reference checksums and the input's row norms, :meth:`.abft.CompiledLinear.reference`) before the
     product, and the hook the pass over the output and the verdict: one compiled call on each side of
-    the GEMM (reading x before it measured ~1% of an n = 1024 Linear cheaper than after it). Otherwise
+    the GEMM (reading x before the product is cheaper than after it). Otherwise
     the hook runs :func:`.abft.verify_linear`.
     """
     cache = _WeightCache()
     state: dict[str, Any] = {}
 
-    def encoding(mod: nn.Linear) -> abft.LinearEncoding:
+    def encoding(mod: nn.Linear) -> LinearEncoding:
         w, bias = mod.weight, mod.bias
-        return cache.get(_key(w, bias), lambda: abft.encode_linear(w, bias))
+        return cache.get(_key(w, bias), lambda: encode_linear(w, bias))
 
     def pre(mod: nn.Linear, inputs: tuple[Any, ...]) -> None:
         state.clear()
         x = inputs[0] if inputs else None
         if exact or not isinstance(x, torch.Tensor) or x.dtype != torch.float32 or not x.is_cpu or \
                 mod.weight.dtype != torch.float32 or not x.numel() or x.dim() == 0 or \
-                x.shape[-1] != mod.weight.shape[1] or not _kernels.available():
+                x.shape[-1] != mod.weight.shape[1] or not kernels_available():
             return  # (torch reports a wrong input width)
         # (detached views and NumPy only: no autograd context needed, and none entered on the hot path)
         x2 = x.detach() if x.dim() == 2 else x.detach().reshape(-1, x.shape[-1])
-        run = abft._CompiledLinear(encoding(mod), x2, None, dtype=torch.float32, lam=lam,
-                                   u=abft.UNIT_ROUNDOFF[torch.float32], u_out=0.0, op="linear")
+        run = CompiledLinear(encoding(mod), x2, None, dtype=torch.float32, lam=lam,
+                                   u=UNIT_ROUNDOFF[torch.float32], u_out=0.0, op="linear")
         run.reference()
         state["run"] = (x, x._version, mod.weight._version, mod.bias._version if mod.bias is not None else None, run)
 
@@ -149,8 +166,8 @@ def _linear_hooks(guard: Guard, name: str, lam: float | None, exact: bool):
             y2 = output.detach().reshape(-1, output.shape[-1])
             x2 = x2 if x2.dtype == torch.float32 else x2.float()
             y2 = y2 if y2.dtype == torch.float32 else y2.float()
-            u_out = abft.UNIT_ROUNDOFF[output.dtype] if output.dtype != torch.float32 else 0.0
-            rep = abft.verify_linear(enc, x2, y2, dtype=output.dtype, lam=lam, u=abft.UNIT_ROUNDOFF[torch.float32],
+            u_out = UNIT_ROUNDOFF[output.dtype] if output.dtype != torch.float32 else 0.0
+            rep = verify_linear(enc, x2, y2, dtype=output.dtype, lam=lam, u=UNIT_ROUNDOFF[torch.float32],
                                      u_out=u_out, op="linear", exact_ratio=exact)
             guard.record(name, "linear", rep)
 
@@ -218,55 +235,58 @@ class _ForwardHandle:
                 mod.forward = top.__func__.saved
 
 
+def _prepare_lookup(mod: nn.Module, inputs: tuple[Any, ...], bag: bool, kind: str, lam: float | None,
+                    checks_of: Any, fused: _WeightCache) -> Any:
+    """A fused call (:class:`.abft.FusedCall`), a prepared compiled verdict
+    (:class:`.abft.CompiledBags`) or None for this lookup call (see :func:`_embedding_hooks`);
+    ``checks_of(w)`` gives the table's cached checksums, ``fused`` caches its fused layout."""
+    w = mod.weight
+    if not w.is_cpu or not w.is_floating_point() or not kernels_available():
+        return None
+    largs = _lookup_args(mod, inputs, bag)
+    if largs is None or not isinstance(largs[0], torch.Tensor) or largs[3] not in ("sum", "mean") or \
+            (largs[0].dim() == 2) == (largs[1] is not None):  # (torch reports missing or extra offsets)
+        return None
+    with torch.no_grad():
+        idx, off = bags_args(largs[0], largs[1])
+        psw = largs[2]
+        if isinstance(psw, torch.Tensor) and psw.dim() == 2:  # (the weights of 2-D indices, as torch)
+            psw = psw.reshape(-1)
+        nb, d = off.shape[0], w.shape[1]
+        u_out = UNIT_ROUNDOFF[w.dtype] if w.dtype != torch.float32 else 0.0
+        checks = checks_of(w)
+        bags = Bags(checks, idx, off, largs[3], psw, nb, d, 4.0, u_out, lam, kind, dtype_name(w.dtype), (nb, d))
+        if w.dtype is torch.float32 and mod.max_norm is None and not mod.include_last_offset:
+            call = FusedCall.of(fused.get(_key(w), lambda: fused_table(w, checks, d)), bags)
+            if call is not None:
+                return call
+        return CompiledBags(bags)
+
+
 def _embedding_hooks(guard: Guard, name: str, lam: float | None, bag: bool, exact: bool):
     """A forward hook and (EmbeddingBag) a ``forward`` checking an Embedding/EmbeddingBag.
 
     On the CPU, with the compiled kernels, an EmbeddingBag's ``forward`` prepares the check from the
-    indices before the lookup. Where the fused lookup applies (:class:`.abft._FusedCall`: a float32
+    indices before the lookup. Where the fused lookup applies (:class:`.abft.FusedCall`: a float32
     table, no autograd, no max_norm, no include_last_offset) it runs that: the lookup itself, bitwise
     torch's, with each bag's reference summed in the same pass; the hook then checks the output as it
     is when the hook sees it (one compiled pass over the bags x D output). Otherwise torch's lookup runs
-    and the hook makes the prepared compiled verdict (gather of the row sums and the check in one call;
-    the Python work after a ~1 ms lookup costs more than the check's own memory traffic otherwise), or
+    and the hook makes the prepared compiled verdict (gather of the row sums and the check in one call:
+    Python work after the lookup would cost more than the check's own memory traffic), or
     elsewhere :func:`.abft.verify_bag_output`.
     """
     cache, fused = _WeightCache(), _WeightCache()
     kind = "embedding_bag" if bag else "embedding"
     state: dict[str, Any] = {}
 
-    def checks_of(w: torch.Tensor) -> abft.EmbeddingChecks:
-        return cache.get(_key(w), lambda: abft.EmbeddingChecks.of(w))
-
-    def prepare(mod: nn.Module, inputs: tuple[Any, ...]) -> Any:
-        """A fused call (:class:`.abft._FusedCall`), a prepared compiled verdict
-        (:class:`.abft._CompiledBags`) or None for this call."""
-        w = mod.weight
-        if exact or not w.is_cpu or not w.is_floating_point() or not _kernels.available():
-            return None
-        largs = _lookup_args(mod, inputs, bag)
-        if largs is None or not isinstance(largs[0], torch.Tensor) or largs[3] not in ("sum", "mean") or \
-                (largs[0].dim() == 2) == (largs[1] is not None):  # (torch reports missing or extra offsets)
-            return None
-        with torch.no_grad():
-            idx, off = abft._bags_args(largs[0], largs[1])
-            psw = largs[2]
-            if isinstance(psw, torch.Tensor) and psw.dim() == 2:  # (the weights of 2-D indices, as torch)
-                psw = psw.reshape(-1)
-            nb, d = off.shape[0], w.shape[1]
-            u_out = abft.UNIT_ROUNDOFF[w.dtype] if w.dtype != torch.float32 else 0.0
-            checks = checks_of(w)
-            bags = abft._Bags(checks, idx, off, largs[3], psw, nb, d, 4.0, u_out, lam, kind, abft._dt(w.dtype), (nb, d))
-            if w.dtype is torch.float32 and mod.max_norm is None and not mod.include_last_offset:
-                call = abft._FusedCall.of(fused.get(_key(w), lambda: abft.fused_table(w, checks, d)), bags)
-                if call is not None:
-                    return call
-            return abft._CompiledBags(bags)
+    def checks_of(w: torch.Tensor) -> EmbeddingChecks:
+        return cache.get(_key(w), lambda: EmbeddingChecks.of(w))
 
     def forward(mod: nn.Module, pf: _ProtectedForward, *args: Any, **kwargs: Any) -> Any:
         state.clear()
         inputs = _call_args(args, kwargs, bag)
-        prepared = prepare(mod, inputs)
-        if isinstance(prepared, abft._FusedCall):
+        prepared = None if exact else _prepare_lookup(mod, inputs, bag, kind, lam, checks_of, fused)
+        if isinstance(prepared, FusedCall):
             out, rep = prepared.run(lambda: pf.own(mod)(*args, **kwargs), check=False)
             state["fused"] = (inputs[0], prepared if rep is None else rep)
             return out
@@ -281,7 +301,7 @@ def _embedding_hooks(guard: Guard, name: str, lam: float | None, bag: bool, exac
             return
         inputs = _call_args(args, kwargs, bag)
         call = fused_call[1] if fused_call is not None and fused_call[0] is inputs[0] else None
-        if isinstance(call, abft.CheckReport):
+        if isinstance(call, CheckReport):
             guard.record(name, kind, call)
             return
         if call is not None and output.dtype is torch.float32 and output.is_cpu and \
@@ -300,9 +320,9 @@ def _embedding_hooks(guard: Guard, name: str, lam: float | None, bag: bool, exac
             if largs is None:
                 guard.unchecked += 1
                 return
-            u_out = abft.UNIT_ROUNDOFF[output.dtype] if output.dtype != torch.float32 else 0.0
-            rep = abft.verify_bag_output(output.detach(), checks_of(w), *largs[:2], largs[3], largs[2], lam=lam,
-                                         u_out=u_out, op=kind, exact_ratio=exact)
+            u_out = UNIT_ROUNDOFF[output.dtype] if output.dtype != torch.float32 else 0.0
+            rep = verify_bag_output(output.detach(), checks_of(w), *largs[:2], largs[3], largs[2], lam=lam,
+                                    u_out=u_out, op=kind, exact_ratio=exact)
             guard.record(name, kind, rep)
 
     def install(mod: nn.Module) -> list[Any]:

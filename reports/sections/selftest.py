@@ -16,8 +16,9 @@ from typing import Any
 
 import pandas as pd
 
-from ..results import SUITES
-from .blocks import Ids, cell, fmt, note, num, row, status_cell, table
+from ...results import SUITES
+from ..blocks import cell, fmt, note, num, row, status_cell, table
+from .base import SuiteRows
 
 HEALTHY = "healthy"  # the subject of the healthy run's run_time row
 _CAUGHT = re.compile(r"(?:\bcaught by|\bfailing:) (?P<items>.*?)(?:; rows in |$)")
@@ -77,14 +78,15 @@ def _verdict(healthy: pd.DataFrame, faults: pd.DataFrame) -> tuple[str, bool]:
     return text[:1].upper() + text[1:] + ".", good
 
 
-def selftest_blocks(df: pd.DataFrame, multi: bool, ids: Ids) -> list[dict[str, Any]]:
-    """The verdict line and the fault x check matrix of the selftest rows ``df`` (with ``run_no``).
+def blocks(rows: SuiteRows) -> list[dict[str, Any]]:
+    """The verdict line and the fault x check matrix of the selftest rows.
 
-    Run numbers are shown when the selftest rows come from several runs (``multi`` tells of the
-    whole report, where a self-test's own healthy qualification run is another run).
+    Run numbers are shown when the selftest rows come from several runs (``rows.multi`` tells of
+    the whole report, where a self-test's own healthy qualification run is another run).
     """
+    df = rows.df
     multi = df["run_no"].nunique() > 1
-    blocks: list[dict[str, Any]] = []
+    out: list[dict[str, Any]] = []
     entries: list[dict[str, Any]] = []
     for run_no, g in df.groupby("run_no", sort=False):
         healthy = g[g["check"] == "healthy_false_failures"]
@@ -93,7 +95,7 @@ def selftest_blocks(df: pd.DataFrame, multi: bool, ids: Ids) -> list[dict[str, A
             continue
         times = {r.subject: r.value for r in g[g["check"] == "run_time"].itertuples()}
         text, good = _verdict(healthy, faults)
-        blocks.append(note(f"[{run_no}] {text}" if multi else text, "selftest-verdict " + ("good" if good else "bad")))
+        out.append(note(f"[{run_no}] {text}" if multi else text, "selftest-verdict " + ("good" if good else "bad")))
         for r in healthy.itertuples():
             entries.append({"run_no": run_no, "name": HEALTHY, "healthy": True, "row": r,
                             "seconds": times.get(HEALTHY, math.nan), "hits": parse_caught_by(r.detail)})
@@ -101,7 +103,7 @@ def selftest_blocks(df: pd.DataFrame, multi: bool, ids: Ids) -> list[dict[str, A
             entries.append({"run_no": run_no, "name": r.subject, "healthy": False, "row": r,
                             "seconds": times.get(r.subject, math.nan), "hits": parse_caught_by(r.detail)})
     if not entries:
-        return blocks
+        return out
     columns = _column_order([k for e in entries for k in e["hits"]])
     body = []
     for e in entries:
@@ -122,7 +124,7 @@ def selftest_blocks(df: pd.DataFrame, multi: bool, ids: Ids) -> list[dict[str, A
     headers: list[Any] = (["run"] if multi else []) + ["qualification run", "status", ("failed checks", "num")]
     headers += [(k, "num check-col") for k in columns]
     headers.append(("run time (s)", "num"))
-    return blocks + [
+    return out + [
         table(
             headers,
             body,
@@ -131,4 +133,3 @@ def selftest_blocks(df: pd.DataFrame, multi: bool, ids: Ids) -> list[dict[str, A
             "simulation at least one. A cell counts the failed rows of one check (suite.check) in that run.",
         )
     ]
-

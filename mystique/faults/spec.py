@@ -1,8 +1,7 @@
-"""Registry of built-in fault simulations (``mystique faults``, ``--inject NAME[:params]``).
+"""The fault registry: what ``--inject NAME[:k=v,...]`` may name, and how its parameters are read.
 
-Each entry is a dispatch-mode factory that makes a healthy device behave like a broken one,
-documented with the real failure it imitates. Simulations register themselves with
-:func:`register`.
+A :class:`FaultSpec` names a dispatch-mode factory, says what it changes and which real failure
+it imitates, and lists its parameters with their defaults (a parameter's type is its default's).
 """
 
 from __future__ import annotations
@@ -11,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import UsageError
+from mystique.errors import UsageError
 
 
 @dataclass(frozen=True)
@@ -72,15 +71,3 @@ def make_factory(name: str, params: dict[str, Any]) -> Callable[[], Any]:
     spec = FAULTS[name]
     spec.build(**params)
     return lambda: spec.build(**params)
-
-
-def load_builtin() -> None:
-    """Import the modules that register built-in simulations (no-op when none exist yet)."""
-    import importlib
-
-    for module in ("mystique.fault_modes",):
-        try:
-            importlib.import_module(module)
-        except ModuleNotFoundError as exc:
-            if exc.name != module:
-                raise

@@ -1,0 +1,174 @@
+"""Synthetic data for storages (data recipes), and the host the replay runs on: memory, CPU
+threads, the host allocator, device synchronisation."""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Any
+
+import torch
+
+from mystique.hostinfo import device_memory_bytes
+
+_TILE = 1 << 22  # elements generated at random per storage; larger storages repeat them
+
+
+def fill_storage(buf: torch.Tensor, recipe: dict[str, Any]) -> None:
+    """Fill the flat tensor ``buf`` in place according to a data recipe.
+
+    Recipes: ``randn`` (floats with standard deviation ``std``, default 1; 0/1 for integers), ``randint`` (``low`` <= v < ``high``;
+    optional ``segments`` ``[start, count, stride, low, high]`` give views of the storage ranges of their own;
+    optional ``zipf`` (an exponent) skews the values, see :func:`draw_ints`),
+    ``uniform_pos`` (floats in [0.1, 1)), ``bernoulli`` (0/1, False/True), ``offsets``
+    (per segment ``[start, count, stride, total, include_last]``: non-decreasing, first 0, all <=
+    ``total``), ``zeros``, ``ones``.
+    """
+    n = buf.numel()
+    if n == 0 or buf.device.type == "meta":
+        return
+    if n > _TILE and recipe.get("kind") != "offsets" and not recipe.get("segments"):
+        # large storages: random data for one block, repeated (generation is far slower than copying)
+        fill_storage(buf[:_TILE], recipe)
+        done = _TILE
+        while done < n:
+            k = min(done, n - done)
+            buf[done:done + k].copy_(buf[:k])
+            done += k
+        return
+    kind = recipe.get("kind", "randn")
+    dt = buf.dtype
+    floating = dt.is_floating_point or dt.is_complex
+    with torch.no_grad():
+        if kind == "zeros":
+            buf.zero_()
+        elif kind == "ones":
+            buf.fill_(1)
+        elif kind == "randint" and dt != torch.bool:
+            low, high = int(recipe.get("low", 0)), int(recipe.get("high", 2))
+            if high <= low:
+                high = low + 1
+            if dt.is_floating_point:
+                buf.copy_(torch.randint(low, high, (n,), device=buf.device).to(dt))
+            else:
+                info = torch.iinfo(dt) if not dt.is_complex else None
+                if info is not None:
+                    low, high = max(low, info.min), min(high, info.max + 1) if high <= info.max else info.max
+                    high = max(high, low + 1)
+                buf.copy_(draw_ints(low, high, n, buf.device, recipe.get("zipf")).to(dt))
+            for start, count, stride, s_low, s_high in recipe.get("segments") or []:
+                count = min(int(count), max((n - 1 - int(start)) // max(int(stride), 1) + 1, 0))
+                if count > 0:
+                    pos = int(start) + torch.arange(count, device=buf.device) * int(stride)
+                    vals = draw_ints(int(s_low), max(int(s_high), int(s_low) + 1), count, buf.device, recipe.get("zipf"))
+                    buf[pos] = vals.to(dt)
+        elif kind == "offsets":
+            # non-decreasing bag starts beginning at 0, one run per offsets view (segment)
+            segments = recipe.get("segments") or [
+                [0, n, 1, int(recipe.get("total", 0)), bool(recipe.get("include_last"))]]
+            buf.zero_()
+            for start, count, stride, total, include_last in segments:
+                count = min(int(count), max((n - 1 - int(start)) // max(int(stride), 1) + 1, 0))
+                if count <= 0:
+                    continue
+                total = max(int(total), 0)
+                vals = torch.randint(0, total + 1, (count,), device=buf.device, dtype=torch.int64).sort().values
+                vals[0] = 0
+                if include_last and count > 1:
+                    vals[-1] = total
+                pos = int(start) + torch.arange(count, device=buf.device) * int(stride)
+                buf[pos] = vals.to(dt)
+        elif dt == torch.bool or kind == "bernoulli":
+            buf.copy_(torch.rand(n, device=buf.device) < 0.5)
+        elif kind == "uniform_pos":
+            if floating:
+                buf.uniform_(0.1, 1.0)
+            else:
+                buf.copy_(torch.randint(1, 3, (n,), device=buf.device).to(dt))
+        elif floating:
+            std = float(recipe.get("std", 1.0))
+            if dt.is_floating_point and dt.itemsize == 1:  # float8: generate wider, then cast
+                buf.copy_(torch.randn(n, device=buf.device) * std)
+            else:
+                buf.normal_(0.0, std)
+        else:
+            buf.copy_(torch.randint(0, 2, (n,), device=buf.device).to(dt))
+
+
+def draw_ints(low: int, high: int, n: int, device: torch.device, zipf: Any = None) -> torch.Tensor:
+    """``n`` int64 values in ``[low, high)``: uniform, or Zipf-skewed when ``zipf`` is an exponent > 0.
+
+    Skewed: the value of popularity rank ``r`` (0 = most popular) is drawn with weight ``(r + 1) ** -zipf``
+    (inverse CDF of the continuous power law, truncated to the range), and ranks are spread over the range
+    by a fixed stride coprime with its size, so that popular values are not neighbours.
+    """
+    size = high - low
+    if not zipf or size <= 1:
+        return torch.randint(low, high, (n,), device=device, dtype=torch.int64)
+    a = float(zipf)
+    u = torch.rand(n, device=device, dtype=torch.float64)
+    top = float(size + 1)
+    if abs(a - 1.0) < 1e-9:
+        x = torch.exp(u * math.log(top))
+    else:
+        x = (u * (top ** (1.0 - a) - 1.0) + 1.0) ** (1.0 / (1.0 - a))
+    rank = (x.floor().to(torch.int64) - 1).clamp_(0, size - 1)
+    stride = max(1, int(size * 0.381966))
+    while math.gcd(stride, size) != 1:
+        stride += 1
+    return (rank * stride) % size + low
+
+
+def available_memory(device: torch.device) -> int | None:
+    """Bytes the device can still allocate (free CUDA memory, or the host's available memory)."""
+    return device_memory_bytes(device, available=True)
+
+
+def replay_threads(plan: dict[str, Any], device: torch.device, requested: int | None = None) -> int | None:
+    """The intra-op CPU thread count a replay on ``device`` should use (None: leave torch's setting).
+
+    ``requested`` > 0 wins; 0 keeps torch's setting; None (the default) takes the plan's
+    ``original_threads`` (``capture.json``'s ``threads``) so that kernels split their work as they did
+    when the original step was timed, capped at the cores this process may run on. Accelerator
+    replays keep torch's setting.
+    """
+    if requested is not None:
+        return int(requested) if requested > 0 else None
+    if device.type != "cpu":
+        return None
+    want = (plan.get("metadata") or {}).get("original_threads")
+    if not isinstance(want, int) or isinstance(want, bool) or want < 1:
+        return None
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or want
+    return max(1, min(want, cores))
+
+
+# glibc's cap on its dynamic mmap threshold (DEFAULT_MMAP_THRESHOLD_MAX on 64-bit hosts)
+_MALLOC_DYNAMIC_MMAP_MAX = 32 << 20
+
+
+def prime_host_allocator(nbytes: int) -> None:
+    """Allocate and free one host block of ``nbytes`` (capped just below 32 MiB), before a CPU replay.
+
+    glibc serves blocks above its mmap threshold with a fresh ``mmap`` and raises the threshold (up
+    to 32 MiB) to the largest such block freed so far. The captured step ran in a process that had
+    already freed temporaries as large as its parameters, so its large intermediates were recycled
+    from the heap; freeing one block as large as the plan's largest storage puts a fresh replay
+    process's allocator in that state, instead of faulting those pages in every iteration.
+    Elsewhere (another malloc, a caching allocator) it is one allocation and one free.
+    """
+    n = min(int(nbytes), _MALLOC_DYNAMIC_MMAP_MAX - (64 << 10))
+    if n >= 1 << 20:
+        block = torch.empty(n, dtype=torch.uint8)
+        del block
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cpu" or device.type == "meta":
+        return
+    mod = getattr(torch, device.type, None)
+    if mod is not None and hasattr(mod, "synchronize"):
+        mod.synchronize()

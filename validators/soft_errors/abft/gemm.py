@@ -1,0 +1,293 @@
+"""Checked GEMM: ``checked_mm`` and the verdict ``verify_gemm`` of an :mod:`.encoding` against a product.
+
+fp32 products are checked as computed; bf16/fp16 ones on their fp32 accumulator (the device's own
+half GEMM with an fp32 output where it has one, see :mod:`..half`, else the fp32 GEMM of the upcast
+operands), then rounded: checking the rounded output would need a threshold of the output's rounding,
+2^16 times larger for bf16 (``check_rounded=True`` does that, for comparison). int8 products are the
+device's exact int32 product, checked for equality with int64 checksums (:mod:`..exact`).
+
+On the CPU with Numba (:mod:`.._kernels`) the exact threshold is evaluated in the passes that compute
+the checksums, in one compiled call after the product whose arguments are all prepared before it.
+Elsewhere the threshold is evaluated lazily: first with free lower bounds of the two norms (see
+:meth:`.encoding.RowChecks.lower_bound`), then, only for rows that fail them, with the exact
+``||a_i||`` and, if one still fails, the exact ``||r||``; ``max_ratio`` of a clean report is then an
+upper bound of ``|diff| / thr``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import torch
+
+from mystique.dtypes import HALF_DTYPES
+from mystique.errors import UsageError
+
+from .._kernels import available, gemm_lower, raw
+from ..exact import int8_mm
+from ..half import accumulation_u, device_half_mm, missing, rounded_half_mm
+from .cache import BoundedCache
+from .encoding import (
+    CHECK_VECTORS,
+    GemmEncoding,
+    RowChecks,
+    check_2d,
+    check_weights,
+    col_checks,
+    compiled_rows,
+    encode_gemm,
+    gemm_constants,
+)
+from .report import CLEAR, FLOATS, GEMM_LAMBDA, UNIT_ROUNDOFF, CheckReport, dtype_name, host, np_view
+
+
+def compiled_ok(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether a checked product of these operands can take the compiled CPU verdict with its arguments
+    prepared before the product.
+
+    Right after a large GEMM every Python-level operation is slow (cold caches and predictors), more
+    than the checksums' own memory traffic; so the output buffer, its NumPy view, the constants and the
+    report are made before the product (written with ``out=``) and only the one kernel call is left
+    after it. Not with autograd (``out=`` does not take it).
+    """
+    return compiled_cpu(a, b) and not (torch.is_grad_enabled() and (a.requires_grad or b.requires_grad))
+
+
+def compiled_cpu(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether the compiled CPU kernels can check these two float32 tensors (read through detached views).
+
+    (Attribute tests only: right after a large product each Python-level operation costs microseconds.)"""
+    return a.is_cpu and b.is_cpu and a.dtype is torch.float32 and b.dtype is torch.float32 and \
+        CHECK_VECTORS == 2 and available()
+
+
+def prime(enc: GemmEncoding, lam: float | None, u_out: float = 0.0) -> None:
+    """Prepare the fast verdict of ``enc``'s row checks for ``verify_gemm(enc, c, lam=lam, u_out=u_out)``
+    with an fp32 ``c`` (see :meth:`RowChecks.prime`), before the product."""
+    rc = enc.rows
+    if rc is not None and enc.cols is None and not enc.exact and enc.m and enc.n and not compiled_rows(rc):
+        key = (lam, None, u_out, torch.float32, (enc.m, enc.n))
+        rc.prime(key, *gemm_constants(rc.k, enc.m, enc.n, UNIT_ROUNDOFF[torch.float32],
+                                       GEMM_LAMBDA if lam is None else lam, u_out, torch.float32))
+
+
+def _verify_rows(rc: RowChecks, c: torch.Tensor, *, u: float, lam: float, u_out: float, exact_ratio: bool = False,
+                 diff: np.ndarray | None = None) -> tuple[list[int], float, bool]:
+    """Flagged rows (first 16), the largest ratio and whether a verdict was possible.
+
+    ``exact_ratio`` skips the lower-bound thresholds, so that the ratio is exact (for calibration);
+    ``diff`` is ``max_w |(W^T C^T - ref)_wi|`` when the caller has it already (no second pass over C).
+    """
+    m, n = c.shape
+    if m == 0:
+        return [], 0.0, True
+    k = rc.k
+    factor, det, tiny = gemm_constants(k, m, n, u, lam, u_out, c.dtype)
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        if diff is None:
+            got = host(check_weights(n, c.device, c.dtype) @ c.t(), f64=False)  # (P, M): one pass over C
+            diff = np.abs(got - rc.ref).max(0)
+        if exact_ratio:
+            cand = np.arange(m)
+            ratio = np.full(m, np.nan)
+        else:
+            ratio = diff / rc.lower_bound(factor, det, tiny)
+            worst = float(ratio.max())  # NaN when anything is not finite
+            if worst <= 1.0:
+                return [], worst, True
+            cand = np.flatnonzero(~(ratio <= 1.0))
+        vmax = float(np.maximum(rc.vnorm, tiny).max())
+        base = np.abs(rc.ref[0]) * det + tiny  # the same-sign term, exact
+        d_c, base_c = diff[cand], base[cand]
+        na = rc.row_norms(cand)
+        thr = base_c + na * (factor * vmax)
+        if exact_ratio or not bool((d_c <= thr).all()):  # exact ||r|| only when the exact ||a_i|| was not enough
+            thr = base_c + na * (factor * rc.r_norm())
+        valid = np.isfinite(rc.ref[:, cand]).all(0) & np.isfinite(thr)
+        bad = ~(d_c <= thr) & valid
+        ratio[cand] = np.where(valid, d_c / thr, 0.0)
+    rows = cand[bad][:16].tolist()
+    return rows, float(np.nan_to_num(ratio, nan=math.inf).max()), bool(valid.all())
+
+
+@torch.no_grad()
+def verify_gemm(enc: GemmEncoding, c: torch.Tensor, *, dtype: torch.dtype, lam: float | None = None,
+                u: float | None = None, u_out: float = 0.0, op: str = "gemm", exact_ratio: bool = False,
+                diff: np.ndarray | None = None) -> CheckReport:
+    """Compare the computed product ``c`` (accumulator precision) with the encoding.
+
+    ``u`` defaults to the unit roundoff of ``c.dtype``; ``u_out`` adds the rounding of an output
+    that was rounded to a narrower dtype before the check; ``exact_ratio`` evaluates the exact
+    threshold of every row (same verdict, exact ``max_ratio``, slower); ``diff`` is
+    ``max_w |(W^T C^T - ref)_wi|`` per row when the caller computed it already. On the CPU the
+    checksums of C and the lower-bound verdict are one compiled pass (:mod:`.._kernels`), which the
+    exact verdict reuses, so both read the same checksums. Returns a :class:`CheckReport`.
+    """
+    rc = enc.rows
+    fast = rc.fast if rc is not None else None
+    lower_bound = not exact_ratio and not enc.exact and rc is not None and enc.cols is None
+    if diff is None and rc is not None and not enc.exact and c.device.type == "cpu" and c.dtype == torch.float32 \
+            and c.shape[0] and c.is_contiguous() and compiled_rows(rc):
+        consts = gemm_constants(rc.k, c.shape[0], c.shape[1], UNIT_ROUNDOFF[c.dtype] if u is None else u,
+                                 GEMM_LAMBDA if lam is None else lam, u_out, c.dtype)
+        got = np.empty((2, c.shape[0]))
+        worst = gemm_lower(np_view(c), np_view(check_weights(c.shape[1], c.device, c.dtype)), np_view(rc.src),
+                           rc.vnorm, *consts, got)
+        if lower_bound and worst <= 1.0:  # NaN (something not finite) falls through to the full check
+            return CheckReport(op, dtype_name(dtype), False, worst, True, [], [], None, (enc.m, enc.k, enc.n))
+        with np.errstate(invalid="ignore"):  # the full check reuses these checksums: no second pass over C
+            diff = np.abs(got - rc.ref).max(0)
+    elif diff is None and lower_bound and fast is not None and fast[0] == (lam, u, u_out, c.dtype, tuple(c.shape)):
+        # primed (RowChecks.prime): W^T C^T - ref in the one pass over C, then the largest
+        # |difference| / lower-bound threshold; 2^-15 below 1 covers the fp32 rounding of that bound,
+        # of its reciprocal and of the difference
+        d = torch.addmm(fast[1], fast[3], c.t())
+        worst = float((d * fast[2]).abs_().max())  # (vector_norm(ord=inf) is 2-3x slower on the CPU)
+        if worst <= 1.0 - 2.0**-15:  # NaN (something not finite) falls through to the full check
+            return CheckReport(op, dtype_name(dtype), False, worst, True, [], [], None, (enc.m, enc.k, enc.n))
+        with np.errstate(invalid="ignore"):  # the full check reuses the difference: no second pass over C
+            diff = np.abs(host(d)).max(0)
+    shape = (enc.m, enc.k, enc.n)
+    rows: list[int] = []
+    cols: list[int] = []
+    if enc.exact:  # int64-accumulated sums of the int32 product: exact (|sum| <= 2^31 max(M, N) < 2^63)
+        rows = torch.nonzero(c.sum(1, dtype=torch.int64) != enc.ref_row).flatten().tolist()
+        cols = torch.nonzero(c.sum(0, dtype=torch.int64) != enc.ref_col).flatten().tolist()
+        alarm = bool(rows or cols)
+        loc = (rows[0], cols[0]) if rows and cols else None
+        return CheckReport(op, dtype_name(dtype), alarm, math.inf if alarm else 0.0, True, rows[:16], cols[:16], loc, shape)
+    lam = GEMM_LAMBDA if lam is None else lam
+    u = UNIT_ROUNDOFF[c.dtype] if u is None else u
+    ratios: list[float] = []
+    checked = True
+    if enc.rows is not None:
+        rows, r, ok = _verify_rows(enc.rows, c, u=u, lam=lam, u_out=u_out, exact_ratio=exact_ratio, diff=diff)
+        ratios.append(r)
+        checked &= ok
+    col_enc = enc.cols
+    if col_enc is None and rows and enc.locate and enc.rows is not None:
+        col_enc = col_checks(enc.rows.a, enc.rows.b, enc.bias)  # only after an alarm: locate it
+    if col_enc is not None:
+        cols, r, ok = _verify_rows(col_enc, c.t(), u=u, lam=lam, u_out=u_out, exact_ratio=exact_ratio)
+        ratios.append(r)
+        checked &= ok
+    alarm = bool(rows or cols)
+    loc = (rows[0], cols[0]) if rows and cols else None
+    return CheckReport(op, dtype_name(dtype), alarm, max(ratios) if ratios else 0.0, checked, rows, cols, loc, shape)
+
+
+def accumulate(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """The product in the accumulation dtype on the device: int8 -> the exact int32 product of the device's
+    int8 GEMM (:func:`..exact.int8_mm`); bf16/fp16 -> the fp32 accumulator of the device's own half-precision
+    GEMM where it has one with an fp32 output (:func:`..half.device_half_mm`), else the fp32 GEMM of the
+    upcast operands (exact products, fp32 sums); fp32 -> ``a @ b``."""
+    if a.dtype == torch.int8:
+        return int8_mm(a, b)
+    if a.dtype in HALF_DTYPES:
+        acc = device_half_mm(a, b)
+        return acc if acc is not None else a.float() @ b.float()
+    return a @ b
+
+
+def half_kind(a: torch.Tensor) -> str:
+    """How :func:`checked_mm` computes and checks a bf16/fp16 product of ``a`` now: ``fp32_out`` (the device's
+    half GEMM with fp32 output) or ``upcast`` (fp32 GEMM of the upcast operands; this backend has no half
+    GEMM with fp32 output). Probes the device once (a tiny product) where it is not known yet."""
+    if missing(a.device):
+        return "upcast"
+    probe = torch.zeros((1, 1), dtype=a.dtype, device=a.device)
+    return "fp32_out" if device_half_mm(probe, probe) is not None else "upcast"
+
+
+_MM_PLANS = BoundedCache()
+
+
+def _mm_plan(m: int, k: int, n: int, lam: float | None) -> tuple[Any, ...]:
+    """What a compiled checked ``(m x k) @ (k x n)`` needs besides its operands: the check weights'
+    NumPy view, the threshold's constants and the kernels (cached per shape: every Python-level
+    operation around a large GEMM is costly)."""
+    return _MM_PLANS.lookup((m, k, n, lam), _make_mm_plan, m, k, n, lam)
+
+
+def _make_mm_plan(m: int, k: int, n: int, lam: float | None) -> tuple[Any, ...]:
+    consts = gemm_constants(k, m, n, UNIT_ROUNDOFF[torch.float32], GEMM_LAMBDA if lam is None else lam, 0.0,
+                            torch.float32)
+    return (np_view(check_weights(n, torch.device("cpu"), torch.float32)), consts,
+            raw("b_pass"), raw("a_pass"), raw("mm_exact"))
+
+
+def _compiled_mm(a32: torch.Tensor, b32: torch.Tensor, dtype: torch.dtype, lam: float | None
+                 ) -> tuple[torch.Tensor, CheckReport]:
+    """:func:`checked_mm` with the compiled CPU kernels: before the product, one pass over B (``B W`` and
+    ``|B| e``) and one over A (the reference and the exact row norms); after it, one pass over C and the
+    verdict against the exact threshold, in one call, with everything it needs prepared before."""
+    (m, k), n = a32.shape, b32.shape[1]
+    wt, consts, b_pass, a_pass, mm_exact = _mm_plan(m, k, n, lam)
+    vt, buf = np.empty((2, k), np.float32), np.empty((6, max(m, k)))
+    ref, got, na, r = buf[0:2, :m], buf[2:4, :m], buf[4, :m], buf[5, :k]
+    rnorm = math.sqrt(b_pass(0, k, b32.detach().numpy(), wt, vt, r))
+    a_pass(0, m, a32.detach().numpy(), vt, ref, na)
+    acc = torch.empty((m, n), dtype=torch.float32, device="cpu")
+    torch.mm(a32, b32, out=acc)
+    worst = mm_exact(0, m, acc.numpy(), wt, ref, na, rnorm, *consts, got)
+    out = acc if dtype == torch.float32 else acc.to(dtype)
+    if worst <= CLEAR:  # NaN (something not finite) falls through to the full check
+        return out, CheckReport("gemm", dtype_name(dtype), False, float(worst), True, [], [], None, (m, k, n))
+    vnorm = np.sqrt(np.square(vt.astype(np.float64)).sum(1))
+    enc = GemmEncoding(m, k, n, RowChecks(ref, vnorm, a32, b32, rnorm=rnorm))
+    with np.errstate(invalid="ignore"):  # the full check reuses the kernel's checksums
+        diff = np.abs(got - ref).max(0)
+    return out, verify_gemm(enc, acc, dtype=dtype, lam=lam, diff=diff)
+
+
+def checked_mm(a: torch.Tensor, b: torch.Tensor, *, checks: str = "row", lam: float | None = None,
+               check_rounded: bool = False, exact_ratio: bool = False) -> tuple[torch.Tensor, CheckReport]:
+    """``a @ b`` with weighted row checksums (``checks``: ``row``, ``col`` or ``both``); returns ``(c, report)``.
+
+    fp32: checked as computed. bf16/fp16: accumulated and checked in fp32, then rounded to the input
+    dtype; the accumulator is the device's own half-precision GEMM with fp32 output where the backend
+    has one (:func:`..half.device_half_mm`: CUDA), else the fp32 GEMM of the upcast operands (the CPU).
+    ``check_rounded=True`` runs the device's half-precision GEMM with its rounded output
+    (:func:`..half.rounded_half_mm`, every backend) and checks that output, its rounding in the
+    threshold (weaker: a flip below the rounding bound of its row goes unseen; an output that
+    overflows the half dtype differs from the product and reads as an alarm).
+    int8: the int32 product of the device's int8 GEMM, exact row and column checks.
+    """
+    if checks == "row" and not exact_ratio and not check_rounded and a.dim() == 2 and b.dim() == 2 and \
+            a.shape[1] == b.shape[0] and a.shape[0] and compiled_ok(a, b):  # (fp32 on the CPU: the hot path first)
+        return _compiled_mm(a, b, a.dtype, lam)
+    check_2d(a, b)
+    if a.dtype != b.dtype:
+        raise UsageError(f"checked_mm needs one dtype, got {a.dtype} and {b.dtype}")
+    if checks not in ("row", "col", "both"):
+        raise UsageError(f"checks must be row, col or both, got {checks!r}")
+    if a.dtype not in (*FLOATS, torch.int8):
+        raise UsageError(f"checked_mm supports float32, bfloat16, float16 and int8, got {a.dtype}")
+    if a.dtype == torch.int8:
+        enc = encode_gemm(a, b, checks)
+        c = accumulate(a, b)
+        return c, verify_gemm(enc, c, dtype=a.dtype, op="gemm")
+    is_half = a.dtype in HALF_DTYPES
+    a32, b32 = (a, b) if a.dtype == torch.float32 else (a.float(), b.float())
+    if is_half and check_rounded:
+        enc = encode_gemm(a32, b32, checks)
+        out = rounded_half_mm(a, b)
+        return out, verify_gemm(enc, out.float(), dtype=a.dtype, lam=lam, u=accumulation_u(a),
+                                u_out=UNIT_ROUNDOFF[a.dtype], op="gemm_rounded", exact_ratio=exact_ratio)
+    if checks == "row" and not exact_ratio and a32.shape[0] and (not is_half or missing(a.device)) and \
+            compiled_ok(a32, b32):
+        return _compiled_mm(a32, b32, a.dtype, lam)
+    enc = encode_gemm(a32, b32, checks)
+    if not exact_ratio:
+        prime(enc, lam)
+    acc = device_half_mm(a, b) if is_half else None
+    u = None  # (the unit roundoff of c's dtype, fp32, unless the device's half GEMM accumulates otherwise)
+    if acc is None:
+        acc = a32 @ b32
+    elif accumulation_u(a) != UNIT_ROUNDOFF[torch.float32]:
+        u = accumulation_u(a)
+    if a.dtype == torch.float32:
+        return acc, verify_gemm(enc, acc, dtype=a.dtype, lam=lam, exact_ratio=exact_ratio)
+    return acc.to(a.dtype), verify_gemm(enc, acc, dtype=a.dtype, lam=lam, u=u, exact_ratio=exact_ratio)

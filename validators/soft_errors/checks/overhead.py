@@ -1,0 +1,102 @@
+"""Check group ``overhead``: checked / unchecked time - 1 of the product's checked paths (fp32 GEMM,
+Linear and protected Linear; EmbeddingBag fp32, 8-bit and protected), timed interleaved in a seeded
+random order each round (:mod:`..overhead`). Each shape gets an A/A row (the timing's resolution) and
+``abft_floor`` measurements (the bare memory traffic of a check, no verdict)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from mystique.results import Results
+
+from ...groups import GroupContext
+from ..overhead import (
+    EMBEDDING_COMPARISONS,
+    EMBEDDING_FLOORS,
+    GEMM_COMPARISONS,
+    GEMM_FLOORS,
+    GEMM_TARGET_MIN_N,
+    TABLE_ROUNDS,
+    TARGETS,
+    EmbeddingFunctions,
+    cpu_threads,
+    gemm_functions,
+    load_average,
+    time_interleaved,
+)
+
+
+def overhead_rows(res: Results, t: Any, suffix: str, comparisons: tuple, floors: tuple, target: float | None,
+                  common: str, note: str = "") -> None:
+    """The ``abft_overhead`` rows of ``comparisons`` (name, checked, base, dtype, what) against ``target``
+    and the ``abft_floor`` measurements of ``floors`` (name, checked, base, what) from one timing.
+
+    A row with a target is decided by the 95% interval of its median overhead: pass when the interval
+    lies within the target, fail when it lies entirely above it, inconclusive when it straddles it
+    (the timing cannot tell); a row without a target is a measurement (``info``)."""
+    for name, checked, base, dt, what in comparisons:
+        ov = t.overhead(checked, base)
+        lo, hi = t.interval(checked, base)
+        verdict = ""
+        if target is None:
+            status = "info"
+        else:
+            status = "pass" if hi <= target else ("fail" if lo > target else "inconclusive")
+            verdict = (f"; verdict from the 95% interval against {target:+.0%}: "
+                       + {"pass": "within", "fail": "entirely above", "inconclusive": "straddles it"}[status])
+        res.add("overhead", f"{name}_{suffix}", "abft_overhead", ov, threshold=target, unit="ratio", dtype=dt,
+                status=status,
+                detail=f"{what}: {ov:+.2%} (95% interval {lo:+.2%} .. {hi:+.2%}){verdict}; "
+                       f"unchecked {t.median[base] * 1e3:.3f} ms, checked {t.median[checked] * 1e3:.3f}"
+                       f" ms (wall {t.wall[base] * 1e3:.3f} / {t.wall[checked] * 1e3:.3f} ms); {common}{note}")
+    for name, checked, base, what in floors:
+        ov = t.overhead(checked, base)
+        lo, hi = t.interval(checked, base)
+        res.add("overhead", f"{name}_{suffix}", "abft_floor", ov, unit="ratio", dtype="float32", status="info",
+                detail=f"{what}: {ov:+.2%} (95% interval {lo:+.2%} .. {hi:+.2%}); {common}")
+
+
+
+def run_overhead(ctx: GroupContext) -> None:
+    """``abft_overhead`` rows: checked / unchecked - 1 of the product's checked paths."""
+    dev, seed, reps = ctx.target.device, ctx.seed, int(ctx.options["overhead_reps"])
+    with cpu_threads(dev, int(ctx.options["overhead_threads"])) as threads:
+        for n in ctx.options["overhead_sizes"]:
+            applies = int(n) >= GEMM_TARGET_MIN_N
+            _timed_rows(ctx, str(n), threads, gemm_functions(int(n), dev, seed), reps, None,
+                        pair=("mm_again", "mm"), rounds_note="", aa_what="a @ b timed twice",
+                        shape=f"float32 n={n} (M=K=N)", rows=(GEMM_COMPARISONS, GEMM_FLOORS),
+                        limit=TARGETS["gemm"] if applies else None,
+                        note="" if applies else f"; the target applies at n >= {GEMM_TARGET_MIN_N}")
+        for rows, d, bags, length in ctx.options["overhead_tables"]:
+            ef = EmbeddingFunctions(int(rows), int(d), int(bags), int(length), dev, seed)
+            # a lookup is short and noisy: more rounds
+            _timed_rows(ctx, f"{rows}x{d}_b{bags}_l{length}", threads, ef.functions(), TABLE_ROUNDS * reps, ef.prepare,
+                        pair=("embedding_bag_again", "embedding_bag"), rounds_note=", fresh random indices each round",
+                        aa_what="the same lookup timed twice",
+                        shape=f"table {rows} x {d}, {bags} bags of {length}, sum pooling",
+                        rows=(EMBEDDING_COMPARISONS, EMBEDDING_FLOORS), limit=TARGETS["embedding_bag"])
+            del ef
+
+
+def _timed_rows(ctx: GroupContext, suffix: str, threads: int, fns: dict[str, Callable[[], Any]], rounds: int,
+                prepare: Callable[[int], None] | None, *, pair: tuple[str, str], rounds_note: str, aa_what: str,
+                shape: str, rows: tuple[tuple, tuple], limit: float | None, note: str = "") -> None:
+    """Time ``fns`` interleaved on the device under test, then write the shape's A/A row (``pair``: the
+    same function timed twice) and its overhead rows against ``limit``."""
+    load0 = load_average()
+    with torch.no_grad(), ctx.target.active():
+        t = time_interleaved(fns, rounds, device=ctx.target.device, threads=threads, sync=ctx.target.synchronize,
+                             prepare=prepare, seed=ctx.seed)
+    load1 = load_average()
+    aa = t.overhead(*pair)
+    alo, ahi = t.interval(*pair)
+    common = (f"{t.clock}, {threads} thread(s), median of {t.reps} paired ratios of interleaved rounds{rounds_note}; "
+              f"A/A resolution {aa:+.2%} (95% interval {alo:+.2%} .. {ahi:+.2%}; {aa_what}); load average "
+              f"{load0:.2f} -> {load1:.2f}; clock resolution {t.resolution:.0e} s; {shape}")
+    ctx.res.add("overhead", f"timing_resolution_{suffix}", "aa_relative_difference", aa, unit="ratio",
+                dtype="float32", status="info", detail=common)
+    overhead_rows(ctx.res, t, suffix, *rows, limit, common, note)
