@@ -6,6 +6,9 @@
   (integral tensor ranges recorded), one ``ProfilerStep#N`` holding the recorded step;
 - ``kineto.json.gz``: the Kineto profiler trace of the same step (events carry
   ``Record function id`` = the ET node's ``rf_id``);
+- ``pacing.json.gz``: a Kineto trace of one more step recorded with nothing else attached (no
+  execution-trace observer, no shapes): the host gaps between ops that ``--pacing recorded``
+  reproduces, free of the observer's own time (ops matched to the ET by order);
 - ``capture.json``: what was captured and the measured step time of the uninstrumented step;
 - ``results.csv``: the capture suite's rows (step time, trace size).
 
@@ -45,6 +48,7 @@ from .targets import Target, check_device
 
 TRACE_FILE = "trace.json.gz"
 KINETO_FILE = "kineto.json.gz"
+PACING_FILE = "pacing.json.gz"
 CAPTURE_FILE = "capture.json"
 CAPTURE_FORMAT = {"format": "mystique-capture", "version": 1}
 _USER_TARGET = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$")
@@ -179,8 +183,10 @@ def step_spread(median_ms: float, iqr_ms: float, iters: int) -> dict[str, Any]:
     return {"spread": spread if math.isfinite(spread) else None, "too_noisy": noisy, "reason": reason}
 
 
-def record_step(step: Callable[[], Any], target: Target, trace_path: Path, kineto_path: Path) -> None:
-    """Record one step with the Execution Trace observer and the Kineto profiler together.
+def record_step(step: Callable[[], Any], target: Target, trace_path: Path, kineto_path: Path,
+                pacing_path: Path | None = None) -> None:
+    """Record one step with the Execution Trace observer and the Kineto profiler together; with
+    ``pacing_path``, then one more step with the Kineto profiler alone (host timeline only).
 
     The profiler schedule runs one warm-up step (profiler started, nothing kept), then one active
     step, so the ET holds exactly one ``ProfilerStep#N``.
@@ -202,6 +208,21 @@ def record_step(step: Callable[[], Any], target: Target, trace_path: Path, kinet
         _profile_two_steps(step, target, et, activities, on_ready)
     if not exported or not trace_path.exists():
         raise RuntimeError("the profiler recorded no step")
+    if pacing_path is not None:
+        record_pacing(step, target, pacing_path)
+
+
+def record_pacing(step: Callable[[], Any], target: Target, path: Path) -> None:
+    """One step under the Kineto profiler alone, CPU events only, no shapes: the lightest profile
+    torch offers, so the gaps between its ops are the step's own host time (see
+    :func:`mystique.trace.kineto.align_spans`)."""
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=False,
+                 schedule=schedule(wait=0, warmup=1, active=1, repeat=1),
+                 on_trace_ready=lambda prof: prof.export_chrome_trace(str(path))) as prof:
+        for _ in range(2):
+            step()
+            target.synchronize()
+            prof.step()
 
 
 def _profile_two_steps(step, target, et, activities, on_ready) -> None:
@@ -253,7 +274,7 @@ def capture_meta(target_name: str, described: dict[str, Any], device: str, devic
         "created_at": utc_now(),
         "threads": torch.get_num_threads(),
         "step_time": timing,
-        "files": {"trace": TRACE_FILE, "kineto": KINETO_FILE},
+        "files": {"trace": TRACE_FILE, "kineto": KINETO_FILE, "pacing": PACING_FILE},
         "trace": {k: v for k, v in counts.items() if k != "op_names"},
     }
 
@@ -278,7 +299,7 @@ def capture(target_name: str, out_dir: str | os.PathLike, *, force: bool = False
     info = target.info()
     ctx = RunContext(device=o.device, device_name=info.name, torch_version=torch.__version__)
     with staged_output_dir(out_dir, force) as stage:
-        record_step(step, target, stage / TRACE_FILE, stage / KINETO_FILE)
+        record_step(step, target, stage / TRACE_FILE, stage / KINETO_FILE, stage / PACING_FILE)
         counts = trace_counts(stage / TRACE_FILE)
         meta = capture_meta(target_name, described, o.device, info.name, o.dtype, o.seed, timing, counts)
         atomic_write_text(stage / CAPTURE_FILE, json.dumps(meta, indent=2, default=str) + "\n")

@@ -23,7 +23,8 @@ def _op_names(et) -> set[str]:
 def test_user_step_capture_writes_the_trace_dir(tmp_path):
     out = capture("user_steps:tiny_mlp", tmp_path / "t", steps=3, warmup=1)
     assert sorted(p.name for p in out.iterdir() if not p.name.startswith(".")) == ["capture.json", "kineto.json.gz",
-                                                                             "results.csv", "trace.json.gz"]
+                                                                             "pacing.json.gz", "results.csv",
+                                                                             "trace.json.gz"]
     meta = json.loads((out / "capture.json").read_text())
     assert meta["kind"] == "user" and meta["target"] == "user_steps:tiny_mlp"
     st = meta["step_time"]

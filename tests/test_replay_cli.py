@@ -474,7 +474,9 @@ def test_pacing_goes_to_the_executor(trace_dir, tmp_path, cli_run):
     code, _, err = cli_run("-q", "replay", str(trace_dir), "-o", str(out), "--pacing", "recorded",
                            "--timing", "recorded", *FAST)
     assert code == 0, err  # a recorded ratio is a measurement: no timing verdict to fail
-    assert json.loads((out / "summary.json").read_text())["timing"]["pacing"] == "recorded"
+    timing = json.loads((out / "summary.json").read_text())["timing"]
+    assert timing["pacing"] == "recorded" and timing["paced_ops"] > 0 and timing["paced_gap_ms"] > 0
+    assert timing["gap_source"].startswith("pacing.json.gz (one step under the Kineto profiler alone")
     code, _, err = cli_run("-q", "replay", str(trace_dir), "-o", str(tmp_path / "bad"), "--pacing", "sideways")
     assert code == 2 and "sideways" in err and not (tmp_path / "bad").exists()
 

@@ -181,7 +181,7 @@ def capture_rank(rank: int, world: int, job: dict[str, Any], out: Path) -> dict[
     timing = cap.time_step(step, target, warmup=int(job["warmup"]), iters=int(job["steps"]))
     dist.barrier()
     out.mkdir(parents=True, exist_ok=True)
-    cap.record_step(step, target, out / cap.TRACE_FILE, out / cap.KINETO_FILE)
+    cap.record_step(step, target, out / cap.TRACE_FILE, out / cap.KINETO_FILE, out / cap.PACING_FILE)
     dist.barrier()
     counts = cap.trace_counts(out / cap.TRACE_FILE)
     info = target.info()

@@ -39,6 +39,7 @@ from ..trace.analysis import replay_ops, select_iteration
 from ..trace.kineto import read_kineto
 from ..trace.loader import load_trace
 from ..trace.model import Node, Trace
+from ..trace.pacing import pacing_spans
 from .builder import PlanBuilder, finite, original_device
 from .capture_info import capture_original_step, capture_step_ms, capture_subject, find_kineto, read_capture
 from .plan_check import plan_problem
@@ -109,6 +110,7 @@ def build_plan(
     nodes: list[Node] | None = None,
     kineto_times: Any = None,
     allow_ops: Sequence[str] = (),
+    gaps: tuple[dict[int, tuple[float, float]] | None, str] | None = None,
 ) -> Plan:
     """The replay plan of one iteration of ``trace``.
 
@@ -120,14 +122,17 @@ def build_plan(
     device time (``orig_device_us``: the kernels its ET subtree launched) and the step's recorded span
     (metadata ``original_step_span_ms``, ``original_device_step_ms``). ``allow_ops``: fnmatch
     patterns (``ns::name``) of operators outside :data:`runtime.ALLOWED_OP_NAMESPACES` to replay;
-    any other such op is skipped with the reason (``--allow-ops``).
+    any other such op is skipped with the reason (``--allow-ops``). ``gaps``: ``(spans, source)``
+    from :func:`mystique.trace.pacing.pacing_spans`: rf_id -> host span behind each op's ``gap_us``
+    (None: the spans of ``kineto_times``), and where they came from (metadata ``gap_source``).
     """
     it = None
     if nodes is None:
         it = select_iteration(trace, iteration)
         nodes = replay_ops(trace, iteration)
     b = PlanBuilder(trace, allow_ops)
-    b.kineto_spans = getattr(kineto_times, "cpu_spans_us", None)  # per-op gap_us
+    spans, gap_source = gaps if gaps is not None else (None, "")
+    b.kineto_spans = spans if spans is not None else getattr(kineto_times, "cpu_spans_us", None)  # per-op gap_us
     if kineto is None and kineto_times is not None:
         kineto = kineto_times.cpu_us
     ops = [b.build_op(i, n, kineto) for i, n in enumerate(nodes)]
@@ -153,6 +158,7 @@ def build_plan(
         "original_step": capture_original_step(capture),
         **_step_spans(kineto, kineto_times, it),
         "original_device_op_times": any(op.get("orig_device_us") for op in ops),
+        "gap_source": gap_source or None,  # where the ops' gap_us came from (pacing)
         "transforms": [],
     }
     data = {"format": PLAN_FORMAT, "version": PLAN_VERSION, "metadata": meta, "storages": b.storages,
@@ -264,7 +270,9 @@ def plan_from_path(path: str | os.PathLike, iteration: int | None = None,
             kineto = read_kineto(kin)
         except UsageError:
             kineto = None
-    plan = build_plan(trace, iteration, kineto_times=kineto, capture=read_capture(p), allow_ops=allow_ops)
+    gaps = pacing_spans(p, kineto) if kineto is not None else None
+    plan = build_plan(trace, iteration, kineto_times=kineto, capture=read_capture(p), allow_ops=allow_ops,
+                      gaps=gaps)
     return plan, "trace"
 
 

@@ -194,6 +194,9 @@ def _replay(plan: Plan, kind: str, source: str | os.PathLike, out_dir: str | os.
                              load_start=load0, gpu_before=gpu0)
     if paired is not None:
         stats.update(threads_note)
+    if e.pacing == "recorded":  # what was paced, and where the gaps came from
+        stats.update(paced_ops=e.paced_ops, paced_gap_ms=e.pacing_gap_us / 1e3,
+                     gap_source=plan.metadata.get("gap_source"))
     summary = summarize(plan, e, step_times, target.device, paired=paired, timing=stats,
                         op_error=op_errors(plan, e, op_times, device=target.device),
                         device_name=target.info().name)
