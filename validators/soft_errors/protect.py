@@ -17,19 +17,29 @@ EmbeddingBag without autograd the gather is fused into the lookup itself).
 Linear layers are verified at the precision of their output: fp32 layers with the fp32 GEMM bound;
 bf16/fp16 layers (whose fp32 accumulator is gone once the hook sees the output) with the output's
 rounding allowed (the ``check_rounded`` bound of :mod:`.abft`), which is weaker. Use
-:func:`.abft.checked_linear` where accumulator-level checking of a bf16 layer is needed.
+:func:`.abft.checked_linear`, or ``protect(model, accumulator=True)`` on a GPU, where
+accumulator-level checking of a bf16 layer is needed.
+
+On a CUDA device (and under ``--emulate cuda``) every check is made of device operations
+(:mod:`.abft.device_linear`: the bound of the device's kernel, TF32 and cuBLAS's reduced-precision
+split-K reductions included where the user's flags allow them; :func:`.abft.bag_verdict.device_bag_output`)
+and its verdict stays on the device until the guard reads a batch of them back (:class:`Guard`). A
+protected module inside CUDA graph capture is refused with one line (:func:`refuse_capture`).
 """
 
 from __future__ import annotations
 
 import types
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 from torch import nn
 
+from mystique.dtypes import HALF_DTYPES
 from mystique.dtypes import name as dtype_name
+from mystique.emulation.mode import active_profile
+from mystique.errors import UsageError
 
 from ._kernels import available as kernels_available
 from .abft import (
@@ -47,6 +57,15 @@ from .abft import (
     verify_bag_output,
     verify_linear,
 )
+from .abft.bag_verdict import device_bag_output
+from .abft.device_check import DeviceCheck, resolve
+from .abft.device_linear import (
+    check_device_linear,
+    cuda_like,
+    device_linear,
+    encode_device_linear,
+    gemm_path,
+)
 
 
 @dataclass
@@ -60,18 +79,53 @@ class Alarm:
         return f"{self.module} ({self.kind}) call {self.call}: {self.report.describe()}"
 
 
-@dataclass
 class Guard:
-    """Handle of :func:`protect`: counts, alarms, the largest clean ratio, and ``remove()``."""
+    """Handle of :func:`protect`: counts, alarms, the largest clean ratio, and ``remove()``.
 
-    checks: int = 0
-    alarms: list[Alarm] = field(default_factory=list)
-    max_ratio: float = 0.0
-    unchecked: int = 0
-    handles: list[Any] = field(default_factory=list)
-    per_module: dict[str, int] = field(default_factory=dict)
+    On a CUDA device (or under ``--emulate cuda``) a Linear's verdict stays on the device
+    (:class:`.abft.device_linear.DeviceCheck`) until it is read: reading ``checks``, ``alarms``,
+    ``max_ratio`` or ``unchecked``, :meth:`flush`, leaving the ``with`` block, or every
+    :attr:`FLUSH_EVERY` checks read the pending verdicts back in one transfer.
+    """
+
+    #: pending device verdicts read back at once when this many have accumulated
+    FLUSH_EVERY = 64
+
+    def __init__(self) -> None:
+        self._checks = 0
+        self._alarms: list[Alarm] = []
+        self._max_ratio = 0.0
+        self._unchecked = 0
+        self.handles: list[Any] = []
+        self.per_module: dict[str, int] = {}
+        self.pending: list[tuple[str, str, int, DeviceCheck]] = []
+
+    @property
+    def checks(self) -> int:
+        self.flush()
+        return self._checks
+
+    @property
+    def alarms(self) -> list[Alarm]:
+        self.flush()
+        return self._alarms
+
+    @property
+    def max_ratio(self) -> float:
+        self.flush()
+        return self._max_ratio
+
+    @property
+    def unchecked(self) -> int:
+        self.flush()
+        return self._unchecked
+
+    @unchecked.setter
+    def unchecked(self, value: int) -> None:
+        self._unchecked = value
 
     def remove(self) -> None:
+        self.flush()
         for h in self.handles:
             h.remove()
         self.handles.clear()
@@ -82,15 +136,43 @@ class Guard:
     def __exit__(self, *exc: Any) -> None:
         self.remove()
 
-    def record(self, name: str, kind: str, rep: CheckReport) -> None:
-        self.checks += 1
+    def _call(self, name: str) -> int:
         self.per_module[name] = self.per_module.get(name, 0) + 1
+        return self.per_module[name]
+
+    def record(self, name: str, kind: str, rep: CheckReport, call: int | None = None) -> None:
+        self._checks += 1
+        call = self._call(name) if call is None else call
         if not rep.checked:
-            self.unchecked += 1
+            self._unchecked += 1
         if rep.alarm:
-            self.alarms.append(Alarm(name, kind, self.per_module[name], rep))
-        elif rep.max_ratio > self.max_ratio:
-            self.max_ratio = rep.max_ratio
+            self._alarms.append(Alarm(name, kind, call, rep))
+        elif rep.max_ratio > self._max_ratio:
+            self._max_ratio = rep.max_ratio
+
+    def defer(self, name: str, kind: str, check: DeviceCheck) -> None:
+        """Record a device verdict, read later (see the class docstring)."""
+        self.pending.append((name, kind, self._call(name), check))
+        if len(self.pending) >= self.FLUSH_EVERY:
+            self.flush()
+
+    def flush(self) -> None:
+        """Read the pending device verdicts back (one transfer) and record them."""
+        if not self.pending:
+            return
+        pending, self.pending = self.pending, []
+        for (name, kind, call, _), rep in zip(pending, resolve([p[3] for p in pending])):
+            self.record(name, kind, rep, call)
+
+
+def refuse_capture(t: torch.Tensor) -> None:
+    """A checked call inside CUDA graph capture is refused with one line: a captured graph replays the
+    kernels without the hooks, so its replays would go unchecked while looking protected."""
+    if (t.is_cuda or active_profile() == "cuda") and torch.cuda.is_available() and \
+            torch.cuda.is_current_stream_capturing():
+        raise UsageError("protect(): a protected module ran inside CUDA graph capture; graph replays skip the "
+                         "checksum hooks, so protect the model outside torch.cuda.graph() / CUDA-graph "
+                         "compilation (or guard.remove() before capturing)")
 
 
 class _WeightCache:
@@ -121,17 +203,31 @@ def _linear_hooks(guard: Guard, name: str, lam: float | None, exact: bool):
     the GEMM (reading x before the product is cheaper than after it). Otherwise
     the hook runs :func:`.abft.verify_linear`.
     """
-    cache = _WeightCache()
+    cache, dcache = _WeightCache(), _WeightCache()
     state: dict[str, Any] = {}
 
     def encoding(mod: nn.Linear) -> LinearEncoding:
         w, bias = mod.weight, mod.bias
         return cache.get(_key(w, bias), lambda: encode_linear(w, bias))
 
+    def on_device(mod: nn.Linear, x2: torch.Tensor, y2: torch.Tensor) -> None:
+        """The device verdict (:mod:`.abft.device_linear`) of a Linear on a CUDA(-like) device, deferred."""
+        refuse_capture(y2)
+        w, bias = mod.weight, mod.bias
+        enc = dcache.get(_key(w, bias), lambda: encode_device_linear(w, bias))
+        path = gemm_path(y2.dtype, True, fp32_out=False)
+        if y2.dtype != w.dtype and y2.dtype in HALF_DTYPES:  # autocast: operands cast to the half dtype first
+            path = replace(path, u_in=2 * UNIT_ROUNDOFF[y2.dtype] + UNIT_ROUNDOFF[y2.dtype] ** 2)
+        chk = check_device_linear(enc, x2, y2, path, lam=lam)
+        if exact:
+            guard.record(name, "linear", chk.exact(True))
+        else:
+            guard.defer(name, "linear", chk.watch(x2, y2))
+
     def pre(mod: nn.Linear, inputs: tuple[Any, ...]) -> None:
         state.clear()
         x = inputs[0] if inputs else None
-        if exact or not isinstance(x, torch.Tensor) or x.dtype != torch.float32 or not x.is_cpu or \
+        if exact or not isinstance(x, torch.Tensor) or x.dtype != torch.float32 or not x.is_cpu or cuda_like(x) or \
                 mod.weight.dtype != torch.float32 or not x.numel() or x.dim() == 0 or \
                 x.shape[-1] != mod.weight.shape[1] or not kernels_available():
             return  # (torch reports a wrong input width)
@@ -143,6 +239,8 @@ def _linear_hooks(guard: Guard, name: str, lam: float | None, exact: bool):
         state["run"] = (x, x._version, mod.weight._version, mod.bias._version if mod.bias is not None else None, run)
 
     def hook(mod: nn.Linear, inputs: tuple[Any, ...], output: torch.Tensor) -> None:
+        if state.pop("accumulator", None) is output:  # checked on its accumulator by the forward already
+            return
         prepared = state.pop("run", None)
         x = inputs[0] if inputs else None
         if not isinstance(x, torch.Tensor) or not isinstance(output, torch.Tensor) or not x.is_floating_point():
@@ -161,9 +259,12 @@ def _linear_hooks(guard: Guard, name: str, lam: float | None, exact: bool):
                     output.shape[-1] != mod.weight.shape[0] or x.shape[:-1].numel() != output.shape[:-1].numel():
                 guard.unchecked += 1  # (an output that is not this layer's product of x: nothing to check it against)
                 return
-            enc = encoding(mod)
             x2 = x.detach().reshape(-1, x.shape[-1])
             y2 = output.detach().reshape(-1, output.shape[-1])
+            if cuda_like(output):
+                on_device(mod, x2, y2)
+                return
+            enc = encoding(mod)
             x2 = x2 if x2.dtype == torch.float32 else x2.float()
             y2 = y2 if y2.dtype == torch.float32 else y2.float()
             u_out = UNIT_ROUNDOFF[output.dtype] if output.dtype != torch.float32 else 0.0
@@ -171,7 +272,30 @@ def _linear_hooks(guard: Guard, name: str, lam: float | None, exact: bool):
                                      u_out=u_out, op="linear", exact_ratio=exact)
             guard.record(name, "linear", rep)
 
-    return pre, hook
+    return pre, hook, state
+
+
+def _accumulator_forward(guard: Guard, name: str, lam: float | None, state: dict[str, Any]) -> Any:
+    """The ``forward`` of a bf16/fp16 Linear under ``protect(accumulator=True)``: on a CUDA(-like) device,
+    without autograd, the device's half GEMM with fp32 output checked on that accumulator
+    (:func:`.abft.device_linear.device_linear`, ``fp32_out``), its output the accumulator plus bias rounded
+    once; otherwise the module's own forward (checked by the hook on its rounded output)."""
+    cache = _WeightCache()
+
+    def forward(mod: nn.Module, pf: _ProtectedForward, *args: Any, **kwargs: Any) -> Any:
+        x = args[0] if args else kwargs.get("input")
+        w = mod.weight
+        if not isinstance(x, torch.Tensor) or x.dtype != w.dtype or w.dtype not in HALF_DTYPES or \
+                not cuda_like(x) or (torch.is_grad_enabled() and (x.requires_grad or w.requires_grad)):
+            return pf.own(mod)(*args, **kwargs)
+        refuse_capture(x)
+        enc = cache.get(_key(w, mod.bias), lambda: encode_device_linear(w, mod.bias))
+        y, chk = device_linear(x, enc, lam=lam)
+        guard.defer(name, "linear", chk)
+        state["accumulator"] = y
+        return y
+
+    return forward
 
 
 def _call_args(args: tuple[Any, ...], kwargs: dict[str, Any], bag: bool) -> tuple[Any, ...]:
@@ -241,7 +365,7 @@ def _prepare_lookup(mod: nn.Module, inputs: tuple[Any, ...], bag: bool, kind: st
     (:class:`.abft.CompiledBags`) or None for this lookup call (see :func:`_embedding_hooks`);
     ``checks_of(w)`` gives the table's cached checksums, ``fused`` caches its fused layout."""
     w = mod.weight
-    if not w.is_cpu or not w.is_floating_point() or not kernels_available():
+    if not w.is_cpu or cuda_like(w) or not w.is_floating_point() or not kernels_available():
         return None
     largs = _lookup_args(mod, inputs, bag)
     if largs is None or not isinstance(largs[0], torch.Tensor) or largs[3] not in ("sum", "mean") or \
@@ -321,6 +445,15 @@ def _embedding_hooks(guard: Guard, name: str, lam: float | None, bag: bool, exac
                 guard.unchecked += 1
                 return
             u_out = UNIT_ROUNDOFF[output.dtype] if output.dtype != torch.float32 else 0.0
+            if cuda_like(output) and not exact:  # the verdict left on the device, read back in batches
+                refuse_capture(output)
+                chk = device_bag_output(output.detach(), checks_of(w), *largs[:2], largs[3], largs[2], lam=lam,
+                                        u_out=u_out, op=kind)
+                if isinstance(chk, DeviceCheck):
+                    guard.defer(name, kind, chk.watch(output))
+                else:
+                    guard.record(name, kind, chk)
+                return
             rep = verify_bag_output(output.detach(), checks_of(w), *largs[:2], largs[3], largs[2], lam=lam,
                                     u_out=u_out, op=kind, exact_ratio=exact)
             guard.record(name, kind, rep)
@@ -335,19 +468,25 @@ def _embedding_hooks(guard: Guard, name: str, lam: float | None, bag: bool, exac
 
 
 def protect(model: nn.Module, *, lam: float | None = None, linear: bool = True, embeddings: bool = True,
-            exact_ratios: bool = False) -> Guard:
+            exact_ratios: bool = False, accumulator: bool = False) -> Guard:
     """Install checksum hooks on every Linear / Embedding / EmbeddingBag of ``model``.
 
     ``exact_ratios`` evaluates every exact threshold, so that ``guard.max_ratio`` is exact rather
-    than an upper bound (same verdicts, slower; for calibration and reports).
+    than an upper bound (same verdicts, slower; for calibration and reports). ``accumulator``: on a
+    CUDA device, bf16/fp16 Linear layers run without autograd compute through the device's half GEMM
+    with fp32 output and are checked on that accumulator (a bound 2^16 (bf16) times tighter than the
+    rounded output's), their output then the accumulator plus bias rounded once, which may differ in
+    the last bit from cuBLAS's own rounded output (reduced-precision reductions): outputs may change.
     Returns a :class:`Guard` (a context manager that removes the hooks on exit).
     """
     guard = Guard()
     for name, mod in model.named_modules():
         if linear and isinstance(mod, nn.Linear):
-            pre, hook = _linear_hooks(guard, name, lam, exact_ratios)
+            pre, hook, state = _linear_hooks(guard, name, lam, exact_ratios)
             guard.handles.append(mod.register_forward_pre_hook(pre))
             guard.handles.append(mod.register_forward_hook(hook))
+            if accumulator and not exact_ratios:
+                guard.handles.append(_ForwardHandle(mod, _accumulator_forward(guard, name, lam, state)))
         elif embeddings and isinstance(mod, (nn.EmbeddingBag, nn.Embedding)):
             install = _embedding_hooks(guard, name, lam, isinstance(mod, nn.EmbeddingBag), exact_ratios)
             guard.handles.extend(install(mod))

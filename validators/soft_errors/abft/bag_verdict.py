@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -21,6 +22,7 @@ from mystique.errors import UsageError
 
 from .._kernels import NO_WEIGHTS, available, raw
 from .cache import MAX_CACHED, BoundedCache
+from .device_check import DeviceCheck
 from .report import CLEAR, EMBEDDING_LAMBDA, UNIT_ROUNDOFF, CheckReport, dtype_name, host
 
 
@@ -119,27 +121,49 @@ def verify_bag_output(out: torch.Tensor, checks: EmbeddingChecks, indices: torch
     Only when a bag fails it are ``a_b`` and ``L_b`` gathered for the exact threshold, so
     ``max_ratio`` of a clean report is an upper bound of the exact ``|diff| / thr``.
     """
+    bag, out2, done = _bag_of(out, checks, indices, offsets, mode, per_sample_weights, extra, u_out, lam, op, dtype,
+                              shape)
+    if done is not None:
+        return done
+    if mode != "none" and compiled_bags_ok(out2, checks):
+        return CompiledBags(bag).verdict(out2, exact_ratio)
+    return bag_exact(bag, out2, exact_ratio)
+
+
+def device_bag_output(out: torch.Tensor, checks: EmbeddingChecks, indices: torch.Tensor,
+                      offsets: torch.Tensor | None, mode: str, per_sample_weights: torch.Tensor | None = None, *,
+                      extra: float = 4.0, u_out: float = 0.0, lam: float | None = None, op: str = "embedding_bag",
+                      dtype: str | None = None, shape: tuple[int, ...] = ()) -> DeviceCheck | CheckReport:
+    """:func:`verify_bag_output` with its verdict left on the device (:func:`device_bag_check`), or the
+    report where none is needed (max pooling, no bags)."""
+    bag, out2, done = _bag_of(out, checks, indices, offsets, mode, per_sample_weights, extra, u_out, lam, op, dtype,
+                              shape)
+    return done if done is not None else device_bag_check(bag, out2)
+
+
+def _bag_of(out: torch.Tensor, checks: EmbeddingChecks, indices: torch.Tensor, offsets: torch.Tensor | None,
+            mode: str, psw: torch.Tensor | None, extra: float, u_out: float, lam: float | None, op: str,
+            dtype: str | None, shape: tuple[int, ...]) -> tuple[Any, torch.Tensor, CheckReport | None]:
+    """``(Bags, the fp32 (bags x D) output, None)`` of one verification, or ``(None, out, report)`` where
+    the report needs no check (max pooling is not linear: no checksum; no bags)."""
     d = out.shape[-1]
     dt = dtype or dtype_name(out.dtype)
     shape = shape or tuple(out.shape)
-    if mode not in ("sum", "mean", "none"):  # max pooling is not linear: no checksum
-        return CheckReport(op, dt, False, 0.0, False, shape=shape)
+    if mode not in ("sum", "mean", "none"):
+        return None, out, CheckReport(op, dt, False, 0.0, False, shape=shape)
     out2 = out.reshape(-1, d)
     if out2.dtype != torch.float32:
         out2 = out2.float()
     nb = out2.shape[0]
     if not nb:
-        return CheckReport(op, dt, False, 0.0, True, shape=shape)
+        return None, out2, CheckReport(op, dt, False, 0.0, True, shape=shape)
     if mode == "none":
         idx, off, psw = indices.reshape(-1), None, None
     else:
-        (idx, off), psw = bags_args(indices, offsets), per_sample_weights
+        idx, off = bags_args(indices, offsets)
         if psw is not None and psw.dim() == 2:
             psw = psw.reshape(-1)
-    bag = Bags(checks, idx, off, mode, psw, nb, d, extra, u_out, lam, op, dt, shape)
-    if mode != "none" and compiled_bags_ok(out2, checks):
-        return CompiledBags(bag).verdict(out2, exact_ratio)
-    return bag_exact(bag, out2, exact_ratio)
+    return Bags(checks, idx, off, mode, psw, nb, d, extra, u_out, lam, op, dt, shape), out2, None
 
 
 @dataclass
@@ -249,6 +273,17 @@ def bag_exact(bag: Bags, out2: torch.Tensor, exact_ratio: bool,
     rows = np.flatnonzero(bad)[:16].tolist()
     return CheckReport(bag.op, bag.dtype, bool(rows), float(np.nan_to_num(ratio, nan=math.inf).max()),
                        bool(valid.all()), rows, [], None, bag.shape)
+
+
+def device_bag_check(bag: Bags, out2: torch.Tensor) -> DeviceCheck:
+    """The lower-bound verdict of :func:`bag_exact` left on the device (no host read: a GPU's checked
+    lookup does not wait for it); the exact verdict (:func:`bag_exact`) only where it exceeds 1."""
+    _, tiny, c_lb = bag.constants
+    ref_t, _ = _pooled(bag.checks.rowsum, bag.idx, bag.off, bag.mode, bag.nb, bag.psw)
+    got = out2.sum(1, dtype=torch.float64)
+    lb = torch.linalg.vector_norm(out2, 2, dim=1).mul_(c_lb).add_(tiny)
+    worst = (got - ref_t).abs_().add_(lb, alpha=0.0).div_(lb).max().float()
+    return DeviceCheck(worst, bag.dtype, bag.shape, lambda exact_ratio: bag_exact(bag, out2, exact_ratio), bag.op)
 
 
 def bags_args(indices: torch.Tensor, offsets: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:

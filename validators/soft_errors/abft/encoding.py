@@ -223,8 +223,8 @@ _CONSTANTS = BoundedCache(4 * MAX_CACHED)
 _OUT_SUBNORMAL = {UNIT_ROUNDOFF[dt]: SUBNORMAL_HALF_SPACING[dt] for dt in HALF_DTYPES}
 
 
-def gemm_constants(k: int, m: int, n: int, u: float, lam: float, u_out: float, dtype: torch.dtype
-                   ) -> tuple[float, float, float]:
+def gemm_constants(k: int, m: int, n: int, u: float, lam: float, u_out: float, dtype: torch.dtype,
+                   out_dtype: torch.dtype | None = None) -> tuple[float, float, float]:
     """``(factor, det, tiny)`` of the GEMM threshold for one shape (cached: a few microseconds per call).
 
     A clean run differs from the reference only by rounding. The threshold of row ``i`` is
@@ -241,15 +241,19 @@ def gemm_constants(k: int, m: int, n: int, u: float, lam: float, u_out: float, d
     |a_ik b_kj| = |(A B e)_i|``. The weighted checksum obeys the same bound (``|s_j| = 1``). ``u_out``
     adds the rounding of an output rounded to a narrower dtype before the check; ``tiny`` covers
     underflow (and, for such an output, half a subnormal spacing per term below the normal range).
+    ``out_dtype`` names the half dtype the output was rounded to where ``u_out`` holds more terms than
+    its rounding (the device paths of :mod:`.device_linear`); otherwise it is read from ``u_out``.
     """
-    return _CONSTANTS.lookup((k, m, n, u, lam, u_out, dtype), _make_constants, k, m, n, u, lam, u_out, dtype)
+    return _CONSTANTS.lookup((k, m, n, u, lam, u_out, dtype, out_dtype), _make_constants, k, m, n, u, lam, u_out,
+                             dtype, out_dtype)
 
 
-def _make_constants(k: int, m: int, n: int, u: float, lam: float, u_out: float, dtype: torch.dtype
-                    ) -> tuple[float, float, float]:
+def _make_constants(k: int, m: int, n: int, u: float, lam: float, u_out: float, dtype: torch.dtype,
+                    out_dtype: torch.dtype | None) -> tuple[float, float, float]:
     # an output rounded to a half dtype (u_out) errs by up to half a subnormal spacing below the normal
     # range, where u_out |c| does not bound it: max(M, N) such terms in a row or column checksum
-    tiny_out = max(m, n) * _OUT_SUBNORMAL.get(u_out, 0.0)
+    spacing = SUBNORMAL_HALF_SPACING.get(out_dtype, 0.0) if out_dtype is not None else _OUT_SUBNORMAL.get(u_out, 0.0)
+    tiny_out = max(m, n) * spacing
     return (gemm_factor(k, m, n, u, lam) + u_out, u * (k + math.log2(max(m, n, 2)) + 2.0),
             float(torch.finfo(dtype).tiny) * (k + m + n) + tiny_out)
 

@@ -23,12 +23,14 @@ import numpy as np
 import torch
 
 from mystique.dtypes import HALF_DTYPES
+from mystique.emulation.tf32 import matmul_tf32_allowed
 from mystique.errors import UsageError
 
 from .._kernels import available, gemm_lower, raw
 from ..exact import int8_mm
 from ..half import accumulation_u, device_half_mm, missing, rounded_half_mm
 from .cache import BoundedCache
+from .device_check import cuda_like
 from .encoding import (
     CHECK_VECTORS,
     GemmEncoding,
@@ -40,6 +42,7 @@ from .encoding import (
     encode_gemm,
     gemm_constants,
 )
+from .flags import U_TF32_PRODUCT, precise_fp32
 from .report import CLEAR, FLOATS, GEMM_LAMBDA, UNIT_ROUNDOFF, CheckReport, dtype_name, host, np_view
 
 
@@ -74,7 +77,7 @@ def prime(enc: GemmEncoding, lam: float | None, u_out: float = 0.0) -> None:
 
 
 def _verify_rows(rc: RowChecks, c: torch.Tensor, *, u: float, lam: float, u_out: float, exact_ratio: bool = False,
-                 diff: np.ndarray | None = None) -> tuple[list[int], float, bool]:
+                 diff: np.ndarray | None = None, out_dtype: torch.dtype | None = None) -> tuple[list[int], float, bool]:
     """Flagged rows (first 16), the largest ratio and whether a verdict was possible.
 
     ``exact_ratio`` skips the lower-bound thresholds, so that the ratio is exact (for calibration);
@@ -84,7 +87,7 @@ def _verify_rows(rc: RowChecks, c: torch.Tensor, *, u: float, lam: float, u_out:
     if m == 0:
         return [], 0.0, True
     k = rc.k
-    factor, det, tiny = gemm_constants(k, m, n, u, lam, u_out, c.dtype)
+    factor, det, tiny = gemm_constants(k, m, n, u, lam, u_out, c.dtype, out_dtype)
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
         if diff is None:
             got = host(check_weights(n, c.device, c.dtype) @ c.t(), f64=False)  # (P, M): one pass over C
@@ -115,7 +118,7 @@ def _verify_rows(rc: RowChecks, c: torch.Tensor, *, u: float, lam: float, u_out:
 @torch.no_grad()
 def verify_gemm(enc: GemmEncoding, c: torch.Tensor, *, dtype: torch.dtype, lam: float | None = None,
                 u: float | None = None, u_out: float = 0.0, op: str = "gemm", exact_ratio: bool = False,
-                diff: np.ndarray | None = None) -> CheckReport:
+                diff: np.ndarray | None = None, out_dtype: torch.dtype | None = None) -> CheckReport:
     """Compare the computed product ``c`` (accumulator precision) with the encoding.
 
     ``u`` defaults to the unit roundoff of ``c.dtype``; ``u_out`` adds the rounding of an output
@@ -123,7 +126,8 @@ def verify_gemm(enc: GemmEncoding, c: torch.Tensor, *, dtype: torch.dtype, lam: 
     threshold of every row (same verdict, exact ``max_ratio``, slower); ``diff`` is
     ``max_w |(W^T C^T - ref)_wi|`` per row when the caller computed it already. On the CPU the
     checksums of C and the lower-bound verdict are one compiled pass (:mod:`.._kernels`), which the
-    exact verdict reuses, so both read the same checksums. Returns a :class:`CheckReport`.
+    exact verdict reuses, so both read the same checksums. ``out_dtype``: the half dtype the output was
+    rounded to (its subnormal term, see :func:`.encoding.gemm_constants`). Returns a :class:`CheckReport`.
     """
     rc = enc.rows
     fast = rc.fast if rc is not None else None
@@ -131,7 +135,7 @@ def verify_gemm(enc: GemmEncoding, c: torch.Tensor, *, dtype: torch.dtype, lam: 
     if diff is None and rc is not None and not enc.exact and c.device.type == "cpu" and c.dtype == torch.float32 \
             and c.shape[0] and c.is_contiguous() and compiled_rows(rc):
         consts = gemm_constants(rc.k, c.shape[0], c.shape[1], UNIT_ROUNDOFF[c.dtype] if u is None else u,
-                                 GEMM_LAMBDA if lam is None else lam, u_out, c.dtype)
+                                 GEMM_LAMBDA if lam is None else lam, u_out, c.dtype, out_dtype)
         got = np.empty((2, c.shape[0]))
         worst = gemm_lower(np_view(c), np_view(check_weights(c.shape[1], c.device, c.dtype)), np_view(rc.src),
                            rc.vnorm, *consts, got)
@@ -163,14 +167,16 @@ def verify_gemm(enc: GemmEncoding, c: torch.Tensor, *, dtype: torch.dtype, lam: 
     ratios: list[float] = []
     checked = True
     if enc.rows is not None:
-        rows, r, ok = _verify_rows(enc.rows, c, u=u, lam=lam, u_out=u_out, exact_ratio=exact_ratio, diff=diff)
+        rows, r, ok = _verify_rows(enc.rows, c, u=u, lam=lam, u_out=u_out, exact_ratio=exact_ratio, diff=diff,
+                                   out_dtype=out_dtype)
         ratios.append(r)
         checked &= ok
     col_enc = enc.cols
     if col_enc is None and rows and enc.locate and enc.rows is not None:
         col_enc = col_checks(enc.rows.a, enc.rows.b, enc.bias)  # only after an alarm: locate it
     if col_enc is not None:
-        cols, r, ok = _verify_rows(col_enc, c.t(), u=u, lam=lam, u_out=u_out, exact_ratio=exact_ratio)
+        cols, r, ok = _verify_rows(col_enc, c.t(), u=u, lam=lam, u_out=u_out, exact_ratio=exact_ratio,
+                                   out_dtype=out_dtype)
         ratios.append(r)
         checked &= ok
     alarm = bool(rows or cols)
@@ -242,6 +248,20 @@ def _compiled_mm(a32: torch.Tensor, b32: torch.Tensor, dtype: torch.dtype, lam: 
     return out, verify_gemm(enc, acc, dtype=dtype, lam=lam, diff=diff)
 
 
+def _checked_tf32_mm(a: torch.Tensor, b: torch.Tensor, checks: str, lam: float | None, exact_ratio: bool
+                     ) -> tuple[torch.Tensor, CheckReport]:
+    """An fp32 product on a CUDA device whose flags allow TF32: the product as the device computes it (TF32
+    tensor cores), the checksums in full fp32 (:func:`.flags.precise_fp32`), and the operands' 10-bit
+    reading in the bound (``u_out`` += :data:`.flags.U_TF32_PRODUCT`: each product errs by at most that,
+    relative, and ``sum_j sum_k |a_ik b_kj| <= ||a_i|| ||r||``)."""
+    with precise_fp32():
+        enc = encode_gemm(a, b, checks)
+    c = a @ b
+    with precise_fp32():
+        return c, verify_gemm(enc, c, dtype=a.dtype, lam=lam, u_out=U_TF32_PRODUCT, op="gemm_tf32",
+                              exact_ratio=exact_ratio)
+
+
 def checked_mm(a: torch.Tensor, b: torch.Tensor, *, checks: str = "row", lam: float | None = None,
                check_rounded: bool = False, exact_ratio: bool = False) -> tuple[torch.Tensor, CheckReport]:
     """``a @ b`` with weighted row checksums (``checks``: ``row``, ``col`` or ``both``); returns ``(c, report)``.
@@ -255,6 +275,8 @@ def checked_mm(a: torch.Tensor, b: torch.Tensor, *, checks: str = "row", lam: fl
     overflows the half dtype differs from the product and reads as an alarm).
     int8: the int32 product of the device's int8 GEMM, exact row and column checks.
     """
+    if cuda_like(a) and a.dtype == torch.float32 and matmul_tf32_allowed():
+        return _checked_tf32_mm(a, b, checks, lam, exact_ratio)
     if checks == "row" and not exact_ratio and not check_rounded and a.dim() == 2 and b.dim() == 2 and \
             a.shape[1] == b.shape[0] and a.shape[0] and compiled_ok(a, b):  # (fp32 on the CPU: the hot path first)
         return _compiled_mm(a, b, a.dtype, lam)

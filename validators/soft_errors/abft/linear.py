@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +22,7 @@ from mystique.errors import UsageError
 
 from .._kernels import raw
 from .cache import BoundedCache
+from .device_linear import cuda_like, device_linear, encode_device_linear
 from .encoding import CHECK_VECTORS, GemmEncoding, RowChecks, check_weights, checksum_norms, gemm_constants
 from .gemm import compiled_cpu, compiled_ok, verify_gemm
 from .report import CLEAR, FLOATS, GEMM_LAMBDA, UNIT_ROUNDOFF, CheckReport, dtype_name, np_view
@@ -153,10 +155,12 @@ class CompiledLinear:
 
 
 class _LinearCache:
-    """Encodings of the weights :func:`checked_linear` saw, keyed by identity and version (weakly held)."""
+    """Encodings of the weights :func:`checked_linear` saw, keyed by identity and version (weakly held);
+    ``make(weight, bias)`` encodes one (:func:`encode_linear`, or the device encoding)."""
 
-    def __init__(self) -> None:
-        self.entries = BoundedCache()  # id(weight) -> (weight ref, bias ref, key, LinearEncoding)
+    def __init__(self, make: Callable[..., Any] = encode_linear) -> None:
+        self.make = make
+        self.entries = BoundedCache()  # id(weight) -> (weight ref, bias ref, key, encoding)
 
     def get(self, weight: torch.Tensor, bias: torch.Tensor | None) -> LinearEncoding:
         # (a new dtype, device or shape comes with new storage: the data pointers cover them)
@@ -166,7 +170,7 @@ class _LinearCache:
         if hit is not None and hit[0]() is weight and (hit[1]() if hit[1] is not None else None) is bias \
                 and hit[2] == key:
             return hit[3]
-        enc = encode_linear(weight, bias)
+        enc = self.make(weight, bias)
         if len(self.entries) >= self.entries.limit:
             self.entries.clear()
         if hit is None:  # the encoding (which shares the weight's storage) goes when the weight goes
@@ -176,6 +180,7 @@ class _LinearCache:
 
 
 _LINEARS = _LinearCache()
+_DEVICE_LINEARS = _LinearCache(encode_device_linear)
 
 
 def checked_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
@@ -185,7 +190,12 @@ def checked_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
 
     The weight side is encoded once per weight version (``encoding``, or a cache keyed by the
     weight tensor itself), so a call costs the product, one pass over ``x`` and one over ``y``.
+    On a CUDA device (or under ``--emulate cuda``) the device's own kernel is checked, with the bound
+    of that kernel and the verdict computed on the device (:mod:`.device_linear`).
     """
+    if encoding is None and cuda_like(x):
+        y, chk = device_linear(x, _DEVICE_LINEARS.get(weight, bias), lam=lam)
+        return y, (chk.exact(True) if exact_ratio else chk.report())
     enc = encoding if encoding is not None else _LINEARS.get(weight, bias)
     x2 = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
     if x2.dtype != enc.w.dtype:

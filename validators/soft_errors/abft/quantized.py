@@ -5,10 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 from mystique.errors import EnvironmentUnsupported, UsageError
 
 from .bag_verdict import EmbeddingChecks, bag_lengths
+from .device_check import cuda_like
 from .fused_layout import FusedTable, cached_fused
 
 
@@ -60,11 +62,29 @@ def quantized_embedding_bag(table: QuantizedTable, indices: torch.Tensor, offset
     on torch 2.13 CPU ``embedding_bag_byte_rowwise_offsets`` silently returns sums when asked for
     mode=1 (mean), which the clean campaign of this checker flagged.
     """
-    out = torch.ops.quantized.embedding_bag_byte_rowwise_offsets(
-        table.packed, indices, offsets, False, 0, False, None, None, False)
+    if table.packed.is_cpu and not cuda_like(table.packed):
+        out = torch.ops.quantized.embedding_bag_byte_rowwise_offsets(
+            table.packed, indices, offsets, False, 0, False, None, None, False)
+    else:
+        out = torch_ops_8bit_bag(table, indices, offsets)
     if mode == "mean":
         lengths = bag_lengths(indices, offsets, out.shape[0]).clamp(min=1).to(out.dtype)
         out = out / lengths[:, None]
     elif mode != "sum":
         raise UsageError(f"8-bit EmbeddingBag supports sum and mean pooling, got {mode!r}")
     return out
+
+
+def torch_ops_8bit_bag(table: QuantizedTable, indices: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    """The 8-bit row-wise EmbeddingBag (sum) with torch operations every device has (``quantized::
+    embedding_bag_byte_rowwise_offsets`` is a CPU kernel, fbgemm's): the looked-up packed rows are
+    gathered (D + 8 bytes per index), dequantized in fp32 as the CPU kernel does (``q * scale + bias``,
+    one fused multiply-add per element there, two roundings here: inside the check's bound, which
+    counts ``extra`` = 6 roundings per element) and pooled by an EmbeddingBag over the gathered rows
+    in order."""
+    d = table.dim
+    rows = table.packed.index_select(0, indices.reshape(-1))
+    sb = rows[:, d:].clone(memory_format=torch.contiguous_format).view(torch.float32)  # (a copy: offset 0)
+    vals = rows[:, :d].to(torch.float32).mul_(sb[:, 0:1]).add_(sb[:, 1:2])
+    pos = torch.arange(vals.shape[0], device=vals.device)
+    return F.embedding_bag(pos, vals, offsets, mode="sum")

@@ -23,10 +23,12 @@ from ..overhead import (
     TARGETS,
     EmbeddingFunctions,
     cpu_threads,
+    embedding_bag_target,
     gemm_functions,
     load_average,
     time_interleaved,
 )
+from ..overhead_device import GPU_SIZES, device_comparisons, device_linear_functions, linear_target
 
 
 def overhead_rows(res: Results, t: Any, suffix: str, comparisons: tuple, floors: tuple, target: float | None,
@@ -71,6 +73,7 @@ def run_overhead(ctx: GroupContext) -> None:
                         shape=f"float32 n={n} (M=K=N)", rows=(GEMM_COMPARISONS, GEMM_FLOORS),
                         limit=TARGETS["gemm"] if applies else None,
                         note="" if applies else f"; the target applies at n >= {GEMM_TARGET_MIN_N}")
+        _device_linear_rows(ctx, threads, reps)
         for rows, d, bags, length in ctx.options["overhead_tables"]:
             ef = EmbeddingFunctions(int(rows), int(d), int(bags), int(length), dev, seed)
             # a lookup is short and noisy: more rounds
@@ -78,8 +81,24 @@ def run_overhead(ctx: GroupContext) -> None:
                         pair=("embedding_bag_again", "embedding_bag"), rounds_note=", fresh random indices each round",
                         aa_what="the same lookup timed twice",
                         shape=f"table {rows} x {d}, {bags} bags of {length}, sum pooling",
-                        rows=(EMBEDDING_COMPARISONS, EMBEDDING_FLOORS), limit=TARGETS["embedding_bag"])
+                        rows=(EMBEDDING_COMPARISONS, EMBEDDING_FLOORS), limit=embedding_bag_target(ctx.target.device))
             del ef
+
+
+def _device_linear_rows(ctx: GroupContext, threads: int, reps: int) -> None:
+    """The rows of the GPU targets (:mod:`..overhead_device`): fp32 and bf16 device-checked Linear at the GPU
+    sizes on CUDA, at the CPU sizes elsewhere (measurements there)."""
+    dev = ctx.target.device
+    cuda = torch.device(dev).type == "cuda"
+    sizes = ctx.options.get("overhead_device_sizes") or (GPU_SIZES if cuda else ctx.options["overhead_sizes"][:1])
+    for n in sizes:
+        for dtype in (torch.float32, torch.bfloat16):
+            dt = str(dtype).replace("torch.", "")
+            limit = linear_target(dt, int(n), cuda)
+            _timed_rows(ctx, f"{dt}_{n}", threads, device_linear_functions(int(n), dtype, dev, ctx.seed), reps, None,
+                        pair=("linear_again", "linear"), rounds_note="", aa_what="F.linear timed twice",
+                        shape=f"{dt} Linear n={n} (M=K=N)", rows=(device_comparisons(dt), ()), limit=limit,
+                        note="" if limit is not None else "; the GPU targets apply on CUDA at n >= 4096")
 
 
 def _timed_rows(ctx: GroupContext, suffix: str, threads: int, fns: dict[str, Callable[[], Any]], rounds: int,

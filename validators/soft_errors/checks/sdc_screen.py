@@ -14,7 +14,8 @@ def run_sdc_screen(ctx: GroupContext) -> None:
     kernels = list(opts.get("sdc_kernels") or default_kernels(ctx.level))
     prog = Progress("sdc_screen", total=len(kernels))
     for k in kernels:
-        r = screen(k, seed=ctx.seed, runs=int(opts["sdc_runs"]), device=target.device, active=target.active)
+        r = screen(k, seed=ctx.seed, runs=int(opts["sdc_runs"]), device=target.device, active=target.active,
+                   emulated_cuda=target.emulate == "cuda")
         prog.step(k.name)
         res.add("sdc_screen", k.name, "mismatched_runs", len(r.mismatched_runs), threshold=0, dtype=k.dtype,
                 status="fail" if r.mismatched_runs else "pass", detail=r.describe())
