@@ -172,10 +172,15 @@ def test_collectives_and_unavailable_custom_ops_fail_coverage_only_for_compute_o
                          "--warmup", "0")
     s = json.loads((out / "summary.json").read_text())
     assert s["ops_skipped"]["record_param_comms"] == 5
-    assert s["ops_skipped"]["fbgemm::bounds_check_indices"] == 1
     from mystique.results import read_csv
 
     row = read_csv(out / "results.csv").set_index("check").loc["replay_coverage"]
+    from mystique.validators.soft_errors.abft.fbgemm import fbgemm_available
+
+    if fbgemm_available():  # FBGEMM installed: its ops replay (test_fbgemm.py)
+        assert code == 0 and row["status"] == "pass" and not [n for n in s["ops_skipped"] if "fbgemm" in n]
+        return
+    assert s["ops_skipped"]["fbgemm::bounds_check_indices"] == 1
     assert row["status"] == "fail" and "custom op unavailable" in row["detail"]
     assert code == 1
 

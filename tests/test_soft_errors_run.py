@@ -36,9 +36,9 @@ def corrupt_mm():
 
 
 def test_groups_name_every_check_group():
-    assert soft_errors.groups("quick") == ["abft_gemm", "abft_embedding_bag", "false_positives",
+    assert soft_errors.groups("quick") == ["abft_gemm", "abft_embedding_bag", "abft_fbgemm", "false_positives",
                                           "detection_campaign", "pvf", "sdc_screen"]
-    assert soft_errors.groups("full") == [*soft_errors.groups("quick"), "overhead"]
+    assert soft_errors.groups("full") == [*soft_errors.groups("quick"), "overhead", "overhead_fbgemm"]
     with pytest.raises(Exception, match="level"):
         soft_errors.groups("nope")
 
@@ -320,15 +320,19 @@ def test_overhead_group_times_the_product_paths_with_an_aa_control():
     shape = "500x16_b8_l4"
     assert set(ov.index) == {"gemm_48", "linear_48", "protect_linear_48", "gemm_1024", "linear_1024",
                              "protect_linear_1024", f"embedding_bag_{shape}", f"embedding_bag_8bit_{shape}",
-                             f"protect_embedding_bag_{shape}"}
+                             f"protect_embedding_bag_{shape}", "device_linear_float32_48", "device_linear_bfloat16_48",
+                             "protect_device_linear_float32_48", "protect_device_linear_bfloat16_48"}
+    device_rows = ov[ov.index.str.contains("device_linear")]  # the GPU targets' rows: measurements on the CPU
+    assert device_rows.threshold.isna().all() and (device_rows.status == "info").all()
     assert ov.threshold.isna()[["gemm_48", "linear_48"]].all() and (ov.status[["gemm_48", "linear_48"]] == "info").all()
     targeted = ov[ov.threshold.notna()]
     assert set(targeted.status) <= {"pass", "fail", "inconclusive"}
     assert targeted.detail.str.contains("verdict from the 95% interval").all()
     assert (ov.threshold[["gemm_1024", "linear_1024", "protect_linear_1024"]] == 0.05).all()
-    assert (ov.threshold[[f"embedding_bag_{shape}", f"protect_embedding_bag_{shape}"]] == 0.10).all()
+    assert (ov.threshold[[f"embedding_bag_{shape}", f"protect_embedding_bag_{shape}"]] == 0.26).all()  # the CPU target
     aa = df[df.metric == "aa_relative_difference"].subject
-    assert set(aa) == {"timing_resolution_48", "timing_resolution_1024", f"timing_resolution_{shape}"}
+    assert set(aa) == {"timing_resolution_48", "timing_resolution_1024", f"timing_resolution_{shape}",
+                       "timing_resolution_float32_48", "timing_resolution_bfloat16_48"}
     detail = ov.detail["gemm_1024"]
     assert "thread CPU time, 1 thread(s)" in detail and "load average" in detail and "A/A resolution" in detail
     assert f"median of {overhead.TABLE_ROUNDS} paired ratios" in ov.detail[f"embedding_bag_{shape}"]  # tables: more
@@ -355,3 +359,10 @@ def test_overhead_verdicts_come_from_the_interval_not_the_median_alone(checked, 
     lo, hi = t.interval("c", "b")
     assert rows["abft_overhead"]["status"] == status and rows["abft_floor"]["status"] == "info"
     assert (status == "pass") == (hi <= 0.05) and (status == "fail") == (lo > 0.05)
+
+
+def test_embedding_bag_overhead_target_is_26_percent_on_a_cpu_and_10_on_an_accelerator():
+    from mystique.validators.soft_errors.overhead import embedding_bag_target
+
+    assert embedding_bag_target("cpu") == 0.26
+    assert embedding_bag_target("cuda") == embedding_bag_target("cuda:1") == embedding_bag_target("xpu") == 0.10

@@ -27,6 +27,7 @@ are not simply the first ones.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -35,6 +36,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .base import build_on_meta, cpu_generator, dtype_size, fill_, upcast
+from .dlrm_fbgemm import SPARSE_ARCHS, dense_parameters, tbe_batch, to_fbgemm
 
 NAME = "dlrm"
 DESCRIPTION = "DLRM (bottom MLP, EmbeddingBag sum tables, dot interaction, top MLP); BCE-with-logits loss, SGD"
@@ -54,7 +56,10 @@ class DLRMConfig:
     ``bottom_mlp`` lists the layer widths after the ``num_dense`` inputs and must end at
     ``embedding_dim``; ``top_mlp`` lists the widths after the interaction output and must end at 1.
     ``sparse_grads`` makes the tables' gradients sparse (the reference does so; dense gradients keep
-    the trace free of sparse tensors for replay on any backend).
+    the trace free of sparse tensors for replay on any backend). ``sparse_arch`` runs the tables as
+    ``nn.EmbeddingBag`` (``embedding_bag``) or in FBGEMM's table-batched embeddings: ``fbgemm``
+    (trained by FBGEMM's fused SGD) or ``fbgemm-int8`` (8-bit row-wise tables, frozen); see
+    :mod:`workloads.dlrm_fbgemm`.
     """
 
     num_dense: int = 13
@@ -66,6 +71,7 @@ class DLRMConfig:
     zipf_alpha: float = 1.05
     batch_size: int = 128
     sparse_grads: bool = False
+    sparse_arch: str = "embedding_bag"
 
     def __post_init__(self) -> None:
         if self.bottom_mlp[-1] != self.embedding_dim:
@@ -74,6 +80,10 @@ class DLRMConfig:
             raise ValueError(f"top_mlp must end at 1; got {self.top_mlp}")
         if self.pooling < 1 or min(self.table_sizes) < 1:
             raise ValueError("pooling and every table size must be at least 1")
+        if self.sparse_arch not in SPARSE_ARCHS:
+            raise ValueError(f"sparse_arch must be one of {', '.join(SPARSE_ARCHS)}; got {self.sparse_arch!r}")
+        if self.sparse_grads and self.sparse_arch != "embedding_bag":
+            raise ValueError("sparse_grads applies to the embedding_bag sparse arch only")
 
     @property
     def num_tables(self) -> int:
@@ -94,6 +104,10 @@ CONFIGS: dict[str, DLRMConfig] = {
                         batch_size=4096),
     "criteo-kaggle": DLRMConfig(sparse_grads=True),  # the reference: one-hot bags, sparse table gradients
 }
+# the same sizes on FBGEMM's table-batched embeddings (needs fbgemm_gpu)
+for _name in ("debug", "small"):
+    for _arch in SPARSE_ARCHS[1:]:
+        CONFIGS[f"{_name}-{_arch}"] = dataclasses.replace(CONFIGS[_name], sparse_arch=_arch)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -137,7 +151,10 @@ class DLRM(nn.Module):
 
     def forward(self, dense: Tensor, indices: Tensor, offsets: Tensor) -> Tensor:
         x = self.bot_l(dense)  # (B, d)
-        ly = [emb(indices[k], offsets[k]) for k, emb in enumerate(self.emb_l)]  # T x (B, d)
+        if getattr(self.emb_l, "batched", False):  # FBGEMM's TBE: every table in one call
+            ly = self.emb_l(indices, offsets)
+        else:
+            ly = [emb(indices[k], offsets[k]) for k, emb in enumerate(self.emb_l)]  # T x (B, d)
         return self.top_l(self.interact(x, ly))  # (B, 1)
 
     @torch.no_grad()
@@ -203,14 +220,18 @@ def param_count(cfg: DLRMConfig) -> int:
 
 
 def build_model(cfg: DLRMConfig, *, device: torch.device, dtype: torch.dtype, seed: int) -> DLRM:
-    """The model on ``device`` with floating parameters in ``dtype``, weights drawn from ``seed``."""
-    return build_on_meta(lambda: DLRM(cfg), device=device, dtype=dtype, seed=seed)
+    """The model on ``device`` with floating parameters in ``dtype``, weights drawn from ``seed``
+    (an FBGEMM ``sparse_arch`` gets the same weights, then its tables move into FBGEMM's TBE)."""
+    model = build_on_meta(lambda: DLRM(cfg), device=device, dtype=dtype, seed=seed)
+    return model if cfg.sparse_arch == "embedding_bag" else to_fbgemm(model, cfg.sparse_arch, device)
 
 
 def make_batch(cfg: DLRMConfig, *, device: torch.device, seed: int,
                batch_size: int | None = None) -> dict[str, Tensor]:
     """``dense`` (B, num_dense) float32 uniform [0, 1); ``indices`` (T, B * pooling) int64 Zipf row
-    ids; ``offsets`` (T, B) int64 bag starts; ``labels`` (B, 1) float32 clicks (about 1 in 4)."""
+    ids; ``offsets`` (T, B) int64 bag starts; ``labels`` (B, 1) float32 clicks (about 1 in 4). An
+    FBGEMM ``sparse_arch`` gets the same ids as FBGEMM's TBE reads them: ``indices`` (T * N,) and
+    ``offsets`` (T * B + 1,) int32 (:func:`workloads.dlrm_fbgemm.tbe_batch`)."""
     bsz = batch_size or cfg.batch_size
     g = cpu_generator(seed + 1)
     count = bsz * cfg.pooling
@@ -218,6 +239,8 @@ def make_batch(cfg: DLRMConfig, *, device: torch.device, seed: int,
     indices = torch.stack([zipf_rows(n, count, cfg.zipf_alpha, g) for n in cfg.table_sizes])  # (T, N)
     offsets = torch.stack([bag_offsets(bsz, count, cfg.pooling == 1, g) for _ in cfg.table_sizes])  # (T, B)
     labels = (torch.rand((bsz, 1), generator=g) < 0.25).float()
+    if cfg.sparse_arch != "embedding_bag":  # the same ids in FBGEMM's layout (workloads.dlrm_fbgemm)
+        indices, offsets = tbe_batch(indices, offsets)
     return {"dense": dense.to(device), "indices": indices.to(device), "offsets": offsets.to(device),
             "labels": labels.to(device)}
 
@@ -244,8 +267,9 @@ def loss(model: nn.Module, batch: dict[str, Tensor]) -> Tensor:
 
 
 def make_optimizer(model: nn.Module) -> torch.optim.Optimizer:
-    """Plain SGD, lr 0.1 (the reference Kaggle run); it accepts sparse table gradients."""
-    return torch.optim.SGD(model.parameters(), lr=0.1)
+    """Plain SGD, lr 0.1 (the reference Kaggle run); it accepts sparse table gradients. FBGEMM's
+    tables are left to their fused optimizer (or frozen, 8-bit): the SGD holds the MLPs."""
+    return torch.optim.SGD(dense_parameters(model), lr=0.1)
 
 
 def memory_bytes(cfg: DLRMConfig, *, mode: str, dtype: torch.dtype, batch_size: int | None = None) -> int:

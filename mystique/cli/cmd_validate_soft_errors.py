@@ -9,8 +9,8 @@ import mystique.cli.options as options
 from ..errors import UsageError
 from .cmd_validate import run_validator, validate
 
-_GROUPS = ("abft_gemm", "abft_embedding_bag", "false_positives", "detection_campaign", "pvf", "sdc_screen",
-           "overhead")
+_GROUPS = ("abft_gemm", "abft_embedding_bag", "abft_fbgemm", "false_positives", "detection_campaign", "pvf",
+           "sdc_screen", "overhead", "overhead_fbgemm")
 
 
 @validate.command("soft-errors")

@@ -19,6 +19,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+from .recipes_fbgemm import FBGEMM_RECIPES
 from .runtime.format import contiguous_strides, walk_tensor_ids
 from .runtime.schemas import Schema
 
@@ -63,6 +64,7 @@ class DataRecipes:
         self.trace_ranges: dict[int, tuple[int, int]] = {}  # tensor -> the trace's recorded [min, max + 1)
         self.skewed: set[int] = set()  # plan storages of embedding-bag indices (Zipf-skewed recipe)
         self.kinds: dict[int, dict[str, Any]] = {}  # plan storage -> recipe an op asked for
+        self.tables: dict[tuple[str, int], Any] = {}  # what FBGEMM's ops learn of their tables (recipes_fbgemm)
 
     # what recipe functions use -------------------------------------------------------------
 
@@ -294,4 +296,5 @@ RECIPES: dict[str, RecipeFn] = _table(
       "aten::_foreach_log_", "aten::_foreach_rsqrt", "aten::lgamma", "aten::digamma"), _positive_self),
     (("aten::pow", "aten::pow_", "aten::_foreach_pow", "aten::_foreach_pow_"), _pow),
     (("aten::addcdiv", "aten::addcdiv_", "aten::_foreach_addcdiv", "aten::_foreach_addcdiv_"), _addcdiv),
+    *FBGEMM_RECIPES,
 )

@@ -22,14 +22,24 @@ def fill_storage(buf: torch.Tensor, recipe: dict[str, Any]) -> None:
     optional ``zipf`` (an exponent) skews the values, see :func:`draw_ints`),
     ``uniform_pos`` (floats in [0.1, 1)), ``bernoulli`` (0/1, False/True), ``offsets``
     (per segment ``[start, count, stride, total, include_last]``: non-decreasing, first 0, all <=
-    ``total``), ``zeros``, ``ones``.
+    ``total``), ``zeros``, ``ones``; and the kinds of :data:`_WHOLE_KINDS` (table metadata of
+    FBGEMM's table-batched embeddings): ``values`` (the list ``values`` repeated), ``lengths``
+    (non-negative, summing to ``total``), ``randperm`` (a permutation of ``0 .. n-1``).
     """
-    n = buf.numel()
-    if n == 0 or buf.device.type == "meta":
+    if buf.numel() == 0 or buf.device.type == "meta":
         return
+    if recipe.get("kind") in _WHOLE_KINDS:
+        with torch.no_grad():
+            _WHOLE_KINDS[recipe["kind"]](buf, recipe)
+        return
+    _fill_random(buf, recipe)
+
+
+def _fill_random(buf: torch.Tensor, recipe: dict[str, Any]) -> None:
+    n = buf.numel()
     if n > _TILE and recipe.get("kind") != "offsets" and not recipe.get("segments"):
         # large storages: random data for one block, repeated (generation is far slower than copying)
-        fill_storage(buf[:_TILE], recipe)
+        _fill_random(buf[:_TILE], recipe)
         done = _TILE
         while done < n:
             k = min(done, n - done)
@@ -93,6 +103,27 @@ def fill_storage(buf: torch.Tensor, recipe: dict[str, Any]) -> None:
                 buf.normal_(0.0, std)
         else:
             buf.copy_(torch.randint(0, 2, (n,), device=buf.device).to(dt))
+
+
+def _fill_values(buf: torch.Tensor, recipe: dict[str, Any]) -> None:
+    vals = torch.tensor([float(v) for v in recipe.get("values") or [0]], dtype=torch.float64)
+    reps = -(-buf.numel() // vals.numel())
+    buf.copy_(vals.repeat(reps)[:buf.numel()].to(buf.dtype))
+
+
+def _fill_lengths(buf: torch.Tensor, recipe: dict[str, Any]) -> None:
+    # bag lengths that add up to the values they split: ``total`` items dropped into ``n`` bags
+    n, total = buf.numel(), max(int(recipe.get("total", 0)), 0)
+    bags = torch.randint(0, n, (total,), device=buf.device)
+    buf.copy_(torch.bincount(bags, minlength=n).to(buf.dtype))
+
+
+def _fill_randperm(buf: torch.Tensor, recipe: dict[str, Any]) -> None:
+    buf.copy_(torch.randperm(buf.numel(), device=buf.device).to(buf.dtype))
+
+
+# recipe kinds filled whole (never tiled): their values depend on the storage's whole extent
+_WHOLE_KINDS = {"values": _fill_values, "lengths": _fill_lengths, "randperm": _fill_randperm}
 
 
 def draw_ints(low: int, high: int, n: int, device: torch.device, zipf: Any = None) -> torch.Tensor:

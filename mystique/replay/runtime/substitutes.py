@@ -7,6 +7,8 @@ from typing import Any
 
 import torch
 
+from .schemas import import_namespace
+
 
 def _accelerator_available() -> bool:
     acc = getattr(torch, "accelerator", None)
@@ -59,6 +61,52 @@ def _flash_cpu(query, key, value, dropout_p=0.0, is_causal=False, return_debug_m
     return out, lse
 
 
+# FBGEMM's training lookups before its PT2 interface (the traces of PARAM's DLRM, torchrec < 1.0):
+# ``fbgemm::split_embedding_codegen_lookup_<optimizer>_function(placeholder_autograd_tensor, dev_weights,
+# uvm_weights, lxu_cache_weights, weights_placements, ...)``. FBGEMM 1.x registers the same lookup with
+# its fused optimizer on the host as ``..._function_cpu(host_weights, weights_placements, ...)``: the
+# same arguments without the placeholder, the cache and the uvm copies (the device copy, or the uvm
+# one when the device copy is empty, becomes the host copy), each optimizer state likewise.
+_LEGACY_TBE_PREFIX, _LEGACY_TBE_SUFFIX = "fbgemm::split_embedding_codegen_lookup_", "_function"
+_LEGACY_TBE_STATE_AT = 20  # first argument of the optimizer states (momentum1_dev, ...)
+
+
+def _host_copy(dev: Any, uvm: Any) -> Any:
+    return uvm if isinstance(dev, torch.Tensor) and dev.numel() == 0 and isinstance(uvm, torch.Tensor) else dev
+
+
+def _legacy_tbe_args(args: tuple[Any, ...]) -> list[Any]:
+    """The ``_cpu`` lookup's positional arguments from the legacy lookup's."""
+    a = list(args)
+    out = [_host_copy(a[1], a[2]), *a[4:16], *a[17:20]]
+    i = _LEGACY_TBE_STATE_AT
+    while i + 3 < len(a) and all(isinstance(x, torch.Tensor) for x in a[i:i + 4]):
+        out += [_host_copy(a[i], a[i + 1]), a[i + 2], a[i + 3]]  # (dev, uvm, placements, offsets)
+        i += 4
+    return out + a[i:]
+
+
+def _legacy_tbe(optimizer: str) -> Callable[..., Any] | None:
+    try:
+        cpu_op = getattr(torch.ops.fbgemm, f"split_embedding_codegen_lookup_{optimizer}_function_cpu").default
+    except (AttributeError, RuntimeError):
+        return None
+
+    def lookup(*args: Any, **kwargs: Any) -> Any:
+        return cpu_op(*_legacy_tbe_args(args), **kwargs)
+    return lookup
+
+
+def legacy_substitute(name: str) -> Callable[..., Any] | None:
+    """A replacement for an operator the installed library registers under another name (None: none)."""
+    if not (name.startswith(_LEGACY_TBE_PREFIX) and name.endswith(_LEGACY_TBE_SUFFIX)):
+        return None
+    import_namespace("fbgemm")
+    if hasattr(torch.ops.fbgemm, name.split("::", 1)[1]):
+        return None  # an FBGEMM that still registers the legacy name runs it itself
+    return _legacy_tbe(name[len(_LEGACY_TBE_PREFIX):-len(_LEGACY_TBE_SUFFIX)])
+
+
 # op (without overload) -> (device types it runs on natively, substitute)
 DEVICE_SUBSTITUTES: dict[str, tuple[tuple[str, ...], Callable[..., Any]]] = {
     "aten::cudnn_batch_norm": (("cuda",), _bn_forward),
@@ -79,4 +127,4 @@ def substitute(qualified: str, device: torch.device) -> Callable[..., Any] | Non
     entry = DEVICE_SUBSTITUTES.get(name)
     if entry is not None and device.type not in entry[0]:
         return entry[1]
-    return None
+    return legacy_substitute(name) if name.startswith("fbgemm::") else None

@@ -6,6 +6,7 @@ from collections.abc import Callable
 
 from ...groups import GroupContext
 from .abft_embedding_bag import run_abft_embedding_bag
+from .abft_fbgemm import run_abft_fbgemm, run_overhead_fbgemm
 from .abft_gemm import run_abft_gemm
 from .detection_campaign import run_detection_campaign
 from .false_positives import run_false_positives
@@ -16,9 +17,11 @@ from .sdc_screen import run_sdc_screen
 RUNNERS: dict[str, Callable[[GroupContext], None]] = {
     "abft_gemm": run_abft_gemm,
     "abft_embedding_bag": run_abft_embedding_bag,
+    "abft_fbgemm": run_abft_fbgemm,
     "false_positives": run_false_positives,
     "detection_campaign": run_detection_campaign,
     "pvf": run_pvf,
     "sdc_screen": run_sdc_screen,
     "overhead": run_overhead,
+    "overhead_fbgemm": run_overhead_fbgemm,
 }
