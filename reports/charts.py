@@ -337,3 +337,21 @@ def paired_rounds(
             ax.set_xlabel("round")
         (ax2 or ax).xaxis.get_major_locator().set_params(integer=True)
         return _to_svg(fig, title, uid)
+
+
+def line_series(series: dict[str, tuple[Sequence[float], Sequence[float]]], *, title: str, xlabel: str,
+                ylabel: str, uid: str = "c0") -> str:
+    """One line per series (``name -> (xs, ys)``) on shared axes, e.g. clocks or power over time."""
+    with matplotlib.rc_context(_RC):
+        fig = Figure(figsize=(7.5, 2.6))
+        FigureCanvasAgg(fig)
+        ax = fig.subplots()
+        for i, (name, (xs, ys)) in enumerate(series.items()):
+            ax.plot(np.asarray(xs, dtype=float), np.asarray(ys, dtype=float), marker=".", ms=3, lw=1,
+                    color=PALETTE[i % len(PALETTE)], label=_short(name, 40))
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        ax.set_title(title, loc="left")
+        ax.legend(**_LEGEND_RIGHT)
+        _style(ax)
+        return _to_svg(fig, title, uid)

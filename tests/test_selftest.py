@@ -58,6 +58,8 @@ README_CLAIMS = {
     "wrong_gelu": ["numerics.max_ulp_error", "numerics.normwise_error", "correctness.first_divergent_op"],
     "nondeterministic_reduction": ["numerics.repeatability", "soft_errors.sdc_screen",
                                    "correctness.replay_repeatability"],
+    "throttle": ["performance.mode_slowdown", "performance.mode_mean_slowdown"],
+    "straggler": ["performance.mode_mean_slowdown"],
 }
 
 

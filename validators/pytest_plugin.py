@@ -50,6 +50,7 @@ MARKERS: dict[str, str] = {
     "numerics": "qualification checks of the numerics validator (BF16/FP16 vs fp64 goldens)",
     "soft_errors": "qualification checks of the soft-error (silent data corruption) validator",
     "correctness": "qualification checks of the cross-device correctness validator",
+    "performance": "qualification checks of the performance validator (opt in: --mystique-validators ...,performance)",
     "slow": "long campaigns and published-size checks; opt in with -m slow",
 }
 ROOT_NAME = "mystique"

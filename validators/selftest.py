@@ -11,6 +11,13 @@ own folder, and records rows of suite ``selftest``:
   at least one check failed; the detail names the checks that caught it (``suite.check x count``).
 * ``run_time`` (measurements, ``info``): the wall time of each run.
 
+With the default validators, the healthy run, the slowness faults (``throttle``, ``straggler``) and
+each ``--inject SPEC`` also get a short performance step (:data:`PERFORMANCE_STEP`: the sustained
+group of :mod:`.performance`, whose paired rows compare the device with and without the mode);
+its rows join that run's results. The slowness faults change speed, not numbers: their runs are
+the performance step alone (no numerics, soft-error or correctness qualification), which keeps the
+self-test quick.
+
 Exit 0 only when the healthy run passes and every fault is caught.
 """
 
@@ -33,6 +40,7 @@ from mystique.io import atomic_write_text, check_output_dir, staged_output_dir
 from mystique.progress import Progress
 from mystique.targets import make_target
 
+from .performance import run as performance_run
 from .qualify import qualify
 
 HEALTHY = "healthy"
@@ -81,21 +89,54 @@ def _folder(spec: str) -> str:
     return f"fault-{safe}"[:120]
 
 
+# The performance step of the self-test: the sustained group on one workload for a few seconds, on the
+# healthy device and under each slowness fault (and each --inject SPEC); the paired mode rows catch
+# a slow mode, the drift row must pass on the healthy device. Short, so that the self-test stays quick.
+PERFORMANCE_STEP = {"groups": ["sustained"], "workloads": "dlrm", "duration": 8.0}
+
+
+def _performance(out: Path, *, device: str, inject: str | None, emulate: str | None, level: str, seed: int) -> Any:
+    """The performance rows of one self-test run (:data:`PERFORMANCE_STEP`), reproduce line added."""
+    step = PERFORMANCE_STEP
+    df = performance_run(make_target(device, inject, emulate), level=level, seed=seed, out_dir=out / "performance",
+                         **step)
+    words = ["mystique", "validate", "performance", "--device", device, "--level", level, "--seed", str(seed),
+             "--group", "sustained", "--workloads", step["workloads"], "--duration", str(step["duration"])]
+    words += (["--inject", inject] if inject else []) + (["--emulate", emulate] if emulate else [])
+    return results.with_reproduce(df, " ".join(words) + " -o OUT")
+
+
+def _wants_performance(spec: str | None, validators: Sequence[str] | None) -> bool:
+    """Whether a self-test run gets the performance step: by default, the healthy run, the slowness
+    faults and the user's own modes (the other simulations change numbers, not speed)."""
+    if validators is not None:
+        return False  # the caller chose the validators: `performance` among them runs through qualify
+    return spec is None or spec in faults.SLOWNESS_FAULTS or spec.split(":", 1)[0] not in faults.FAULTS
+
+
 def _run_one(stage: Path, name: str, folder: str, *, device: str, inject: str | None, emulate: str | None,
              level: str, seed: int, validators: Sequence[str] | None) -> RunOutcome:
     t0 = time.perf_counter()
     out = stage / folder
+    perf = _wants_performance(inject, validators)
     log = io.StringIO()  # pytest's own report of the run: kept beside its results, not on the terminal
     try:
-        try:
-            with contextlib.redirect_stdout(log):
-                qualify(out, device=device, inject=inject, emulate=emulate, level=level, seed=seed,
-                        validators=validators, quiet=True)
-        finally:
-            if out.is_dir():
-                atomic_write_text(out / "pytest.log", log.getvalue())
+        if perf and inject in faults.SLOWNESS_FAULTS:  # speed only: the performance step is its qualification
+            out.mkdir(parents=True, exist_ok=True)
+        else:
+            try:
+                with contextlib.redirect_stdout(log):
+                    qualify(out, device=device, inject=inject, emulate=emulate, level=level, seed=seed,
+                            validators=validators, quiet=True)
+            finally:
+                if out.is_dir():
+                    atomic_write_text(out / "pytest.log", log.getvalue())
         csv = out / "results.csv"
         df = results.read_csv(csv) if csv.exists() else results.to_frame([])
+        if perf:
+            df = results.concat([df, _performance(out, device=device, inject=inject, emulate=emulate, level=level,
+                                                  seed=seed)])
+            results.write_csv(df, csv)
         return RunOutcome(name, inject, df, time.perf_counter() - t0)
     except UsageError:
         raise

@@ -15,6 +15,7 @@ from .group import EXIT_CODES, MystiqueGroup, cli, one_line
 from . import (  # noqa: F401
     cmd_capture,
     cmd_demo,
+    cmd_fleet,
     cmd_info,
     cmd_onnx,
     cmd_overhead,
@@ -25,6 +26,7 @@ from . import (  # noqa: F401
     cmd_validate,
     cmd_validate_correctness,
     cmd_validate_numerics,
+    cmd_validate_performance,
     cmd_validate_soft_errors,
 )
 

@@ -13,6 +13,7 @@ altered.
 * :mod:`.bitflip`  :class:`BitFlipMode`: ``bitflip`` and the soft-error validator's injections
 * :mod:`.numeric`  ``truncating_casts``, ``low_precision_accum``, ``subnormal_flush``
 * :mod:`.kernels`  ``stuck_lane``, ``wrong_gelu``, ``nondeterministic_reduction``
+* :mod:`.slowness` ``throttle``, ``straggler`` (and the pass-through reference mode)
 """
 
 from .bitflip import DEFAULT_BITFLIP_OPS, BitFlipMode, bitflip, bitflip_mode
@@ -28,6 +29,7 @@ from .numeric import (
     low_precision_matmul,
     round_toward_zero_fix,
 )
+from .slowness import SLOWNESS_FAULTS, PassThroughMode, StragglerMode, ThrottleMode
 from .spec import FAULTS, FaultSpec, make_factory, parse_params, register
 
 
@@ -45,4 +47,5 @@ __all__ = [
     "SubnormalFlushMode", "TruncatingCastMode", "WrongGeluMode", "bit_classes", "bitflip", "bitflip_mode",
     "choose_bits", "entropy_seed", "flip_bits_", "flip_random", "flush_subnormals", "hash_seed", "load_builtin",
     "low_precision_matmul", "make_factory", "parse_params", "permute_along", "register", "round_toward_zero_fix",
+    "SLOWNESS_FAULTS", "PassThroughMode", "StragglerMode", "ThrottleMode",
 ]

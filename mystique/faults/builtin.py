@@ -8,6 +8,7 @@ from __future__ import annotations
 from .bitflip import DEFAULT_BITFLIP_OPS, bitflip
 from .kernels import NondeterministicReductionMode, StuckLaneMode, WrongGeluMode
 from .numeric import LowPrecisionAccumMode, SubnormalFlushMode, TruncatingCastMode
+from .slowness import StragglerMode, ThrottleMode
 from .spec import FaultSpec
 
 BUILTIN: tuple[FaultSpec, ...] = (
@@ -77,5 +78,23 @@ BUILTIN: tuple[FaultSpec, ...] = (
                  "guards against)",
         build=NondeterministicReductionMode,
         params={"seed": -1},
+    ),
+    FaultSpec(
+        name="throttle",
+        summary="a fraction of operator calls (seeded draw per call) take factor x their own measured time: "
+                "the mode busy-waits (factor - 1) x the call's time after it returns; results unchanged",
+        imitates="a device held at reduced clocks (thermal or power capping, a degraded memory channel or "
+                 "PCIe link): every affected kernel proportionally slower, silently, results right",
+        build=ThrottleMode,
+        params={"factor": 1.1, "fraction": 1.0, "seed": 0},
+    ),
+    FaultSpec(
+        name="straggler",
+        summary="occasional long stalls: after every every_s seconds of operator time on average "
+                "(exponential gaps, seeded) the device stalls stall_ms; results unchanged",
+        imitates="a straggler: ECC page retirement, driver or firmware hiccups, host interrupts or a noisy "
+                 "neighbour stalling one device of a synchronous job now and then",
+        build=StragglerMode,
+        params={"every_s": 1.0, "stall_ms": 150.0, "seed": 0},
     ),
 )

@@ -1,0 +1,137 @@
+"""Slowness fault simulations: a device that computes right but slowly.
+
+* :class:`ThrottleMode` (``throttle``): a ``fraction`` of operator calls (drawn per call from a
+  seeded generator) take ``factor`` times their own measured time: after the operator returns,
+  the mode busy-waits ``(factor - 1) x`` the time it took. It imitates a device held at reduced
+  clocks (thermal or power capping, a slow memory channel): every affected kernel is
+  proportionally slower, the results are right.
+* :class:`StragglerMode` (``straggler``): occasional long stalls: after every ``every_s`` seconds of
+  operator time on average (exponential gaps, seeded) the device stalls ``stall_ms``. It
+  imitates stragglers: ECC page retirement, driver or firmware hiccups, host interrupts.
+* :class:`PassThroughMode`: a mode that only calls each operator, the paired reference of the
+  performance validator (the same Python dispatch cost as a mode, no slowness).
+
+The time of an operator is measured around the call on the host; on an accelerator the device is
+synchronised before and after it so the measured time is the kernel's (a simulation: the
+synchronisation itself changes the overlap of host and device, which the paired reference of the
+performance validator does not have; state so when using it there).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from typing import Any
+
+import torch
+
+from mystique.errors import UsageError
+
+from .modes import FaultMode, entropy_seed
+
+SLOWNESS_FAULTS: tuple[str, ...] = ("throttle", "straggler")
+
+
+def _sync_devices(args: tuple, kwargs: dict) -> str | None:
+    """The accelerator type of the first tensor argument not on the CPU (None when all are on the CPU)."""
+    for a in list(args) + list(kwargs.values()):
+        if isinstance(a, torch.Tensor) and a.device.type not in ("cpu", "meta"):
+            return a.device.type
+    return None
+
+
+def _timed(func: Any, args: tuple, kwargs: dict) -> tuple[Any, float]:
+    """(result, seconds) of one operator call, the device synchronised at both ends."""
+    kind = _sync_devices(args, kwargs)
+    mod = getattr(torch, kind, None) if kind else None
+    if mod is not None and hasattr(mod, "synchronize"):
+        mod.synchronize()
+    t0 = time.perf_counter()
+    out = func(*args, **kwargs)
+    if mod is not None and hasattr(mod, "synchronize"):
+        mod.synchronize()
+    return out, time.perf_counter() - t0
+
+
+class _Schedule:
+    """The random state of one simulated device, shared by every mode built with the same parameters.
+
+    Validators enter ``target.active()`` (a fresh mode) per step or per operator; a real slow
+    device keeps its state across them, so the draws continue where the last mode left them
+    rather than restarting from the seed each time."""
+
+    _ALL: dict[tuple[Any, ...], _Schedule] = {}
+
+    def __init__(self, seed: int):
+        self.rng = random.Random(entropy_seed(seed))
+        self.until = math.nan
+
+    @classmethod
+    def of(cls, key: tuple[Any, ...], seed: int) -> _Schedule:
+        if seed < 0:  # entropy: a schedule of its own
+            return cls(seed)
+        if key not in cls._ALL:
+            cls._ALL[key] = cls(seed)
+        return cls._ALL[key]
+
+
+def busy_wait(seconds: float) -> None:
+    """Spin for ``seconds`` (sleep is too coarse for microsecond operators)."""
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+class PassThroughMode(FaultMode):
+    """Calls every operator as it is: the dispatch cost of a Python mode, nothing else."""
+
+    name = "pass_through"
+
+
+class ThrottleMode(FaultMode):
+    """A ``fraction`` of operator calls take ``factor`` x their measured time."""
+
+    name = "throttle"
+
+    def __init__(self, factor: float = 1.1, fraction: float = 1.0, seed: int = 0):
+        super().__init__()
+        if not factor >= 1.0:
+            raise UsageError(f"--inject throttle: factor={factor} must be at least 1 (1.1: 10% slower)")
+        if not 0.0 <= fraction <= 1.0:
+            raise UsageError(f"--inject throttle: fraction={fraction} must be within 0..1")
+        self.factor = float(factor)
+        self.fraction = float(fraction)
+        self.rng = _Schedule.of(("throttle", self.factor, self.fraction, seed), seed).rng
+
+    def fault(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        if self.fraction < 1.0 and self.rng.random() >= self.fraction:
+            return func(*args, **kwargs)
+        out, dt = _timed(func, args, kwargs)
+        busy_wait((self.factor - 1.0) * dt)
+        return out
+
+
+class StragglerMode(FaultMode):
+    """A stall of ``stall_ms`` after every ``every_s`` seconds of operator time (exponential gaps)."""
+
+    name = "straggler"
+
+    def __init__(self, every_s: float = 1.0, stall_ms: float = 150.0, seed: int = 0):
+        super().__init__()
+        if not (every_s > 0 and stall_ms >= 0):
+            raise UsageError(f"--inject straggler: every_s={every_s} must be > 0 and stall_ms={stall_ms} >= 0")
+        self.every_s = float(every_s)
+        self.stall_s = float(stall_ms) / 1e3
+        self.state = _Schedule.of(("straggler", self.every_s, self.stall_s, seed), seed)
+        if math.isnan(self.state.until):
+            self.state.until = self.state.rng.expovariate(1.0 / self.every_s)
+
+    def fault(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        out, dt = _timed(func, args, kwargs)
+        st = self.state
+        st.until -= dt
+        if st.until <= 0:
+            time.sleep(self.stall_s)
+            st.until = st.rng.expovariate(1.0 / self.every_s)
+        return out

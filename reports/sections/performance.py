@@ -1,0 +1,129 @@
+"""The performance section (suite ``performance``): throughput, steadiness, the fleet.
+
+Charts, each from result rows only (never torch): GEMM throughput and memory/transfer bandwidth
+(``gemm_throughput``, ``memory_bandwidth``, ``transfer_bandwidth``); median step time per workload
+with its 95% interval (``step_time``); clocks, power and temperature over the sustained run
+(``clock_trace``, one chart per workload and unit); for `mystique fleet`: one chart per compared
+figure with every device's value coloured by its outlier verdict (``fleet_member``,
+``fleet_outlier``) and the expected slowdown of a synchronous job against its size
+(``sync_slowdown``). Then the table of the checks with a verdict.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+from ..blocks import chart, fields, note, records_table, run_column
+from ..charts import grouped_bars, interval_points, line_series, ranking_bars
+from .base import SuiteRows
+
+_INTERVAL = re.compile(r"95% interval \[([-+0-9.eEinfa]+), ([-+0-9.eEinfa]+)\]")
+_T = re.compile(r"\bt=([0-9.]+) s")
+MAX_FLEET_CHARTS = 12
+
+
+def _interval(detail: str) -> tuple[float, float]:
+    m = _INTERVAL.search(detail or "")
+    return (float(m[1]), float(m[2])) if m else (math.nan, math.nan)
+
+
+def _label(r: Any, multi: bool, *parts: str) -> str:
+    text = " ".join(p for p in parts if p)
+    return f"[{r.run_no}] {text}" if multi else text
+
+
+def _rates(rows: SuiteRows) -> list[dict[str, Any]]:
+    df = rows.df[rows.df["check"].isin(("gemm_throughput", "memory_bandwidth", "transfer_bandwidth"))
+                 & (rows.df["status"] == "info")]
+    out = []
+    for check, g in df.groupby("check", sort=False):
+        unit = str(g["unit"].iloc[0])
+        labels = [_label(r, rows.multi, r.subject, r.dtype) for r in g.itertuples()]
+        out.append(chart(ranking_bars(labels, list(g["value"]), title=f"{check.replace('_', ' ')} ({unit})",
+                                      xlabel=unit, uid=rows.ids()),
+                         "Median rate of repeated timed calls on the device under test (the interval is in each row)."))
+    return out
+
+
+def _steps(rows: SuiteRows) -> list[dict[str, Any]]:
+    df = rows.df[(rows.df["check"] == "step_time") & (rows.df["metric"] == "median_ms")]
+    if not len(df):
+        return []
+    lows, highs = zip(*(_interval(d) for d in df["detail"]))
+    labels = [_label(r, rows.multi, r.subject) for r in df.itertuples()]
+    svg = interval_points(labels, list(df["value"]), list(lows), list(highs), list(df["device"]),
+                          title="Median step time under sustained load", xlabel="ms", xlim=None, uid=rows.ids())
+    return [chart(svg, "Median step time of each reference workload's benchmark with its 95% interval.")]
+
+
+def _clocks(rows: SuiteRows) -> list[dict[str, Any]]:
+    df = rows.df[rows.df["check"] == "clock_trace"]
+    out = []
+    for (run_no, subject, unit), g in df.groupby(["run_no", "subject", "unit"], sort=False):
+        series: dict[str, tuple[list[float], list[float]]] = {}
+        for r in g.itertuples():
+            m = _T.search(r.detail)
+            xs, ys = series.setdefault(r.metric, ([], []))
+            xs.append(float(m[1]) if m else math.nan)
+            ys.append(r.value)
+        title = f"{'[' + str(run_no) + '] ' if rows.multi else ''}{subject}: {unit} during the sustained run"
+        out.append(chart(line_series(series, title=title, xlabel="seconds", ylabel=unit, uid=rows.ids()),
+                         "Clock evidence sampled while the workload ran (NVML on NVIDIA GPUs, CPU frequency on "
+                         "CPUs): a drop under load is throttling."))
+    return out
+
+
+def _fleet(rows: SuiteRows) -> list[dict[str, Any]]:
+    members = rows.df[rows.df["check"] == "fleet_member"]
+    if not len(members):
+        return []
+    verdicts = {(r.subject, r.dtype): r.status for r in rows.df[rows.df["check"] == "fleet_outlier"].itertuples()}
+    out = []
+    keys = list(dict.fromkeys(zip(members["subject"].str.rsplit("@", n=1).str[0], members["dtype"],
+                                  members["metric"])))
+    for key, dtype, metric in keys[:MAX_FLEET_CHARTS]:
+        g = members[members["subject"].str.startswith(key + "@") & (members["dtype"] == dtype)
+                    & (members["metric"] == metric)].sort_values("value", ascending=False)
+        labels = [s.rsplit("@", 1)[1] for s in g["subject"]]
+        statuses = [verdicts.get((s, dtype), "info") for s in g["subject"]]
+        out.append(chart(ranking_bars(labels, list(g["value"]), statuses=statuses, uid=rows.ids(),
+                                      title=f"{key} {dtype} {metric}: every device", xlabel=str(g["unit"].iloc[0])),
+                         "Each device's figure; red: slower than the others beyond the limit with confidence "
+                         "(fleet_outlier), amber: inconclusive."))
+    if len(keys) > MAX_FLEET_CHARTS:
+        out.append(note(f"{len(keys) - MAX_FLEET_CHARTS} more figures: see the fleet_member rows."))
+    return out
+
+
+def _sync(rows: SuiteRows) -> list[dict[str, Any]]:
+    df = rows.df[rows.df["check"] == "sync_slowdown"]
+    if not len(df):
+        return []
+    out = []
+    parts = df["subject"].str.rsplit(" N=", n=1)
+    df = df.assign(workload=parts.str[0], n=parts.str[1].astype(int),
+                   what=df["detail"].str.split("; ").str[1].str.split(" \\(").str[0])
+    for workload, g in df.groupby("workload", sort=False):
+        table = g.pivot_table(index="n", columns="what", values="value", aggfunc="first").sort_index()
+        labels = [f"N={n:,}" for n in table.index]
+        series = {str(c): list(table[c]) for c in table.columns}
+        out.append(chart(grouped_bars(labels, series, xlabel="expected step time / fleet median",
+                                      title=f"{workload}: synchronous job of N devices", uid=rows.ids()),
+                         "E[max of N draws from the fleet] / median, by the empirical CDF (order statistics)."))
+    return out
+
+
+def blocks(rows: SuiteRows) -> list[dict[str, Any]]:
+    """Charts of rates, step times, clocks and the fleet, then the table of the checks with a verdict."""
+    out = _rates(rows) + _steps(rows) + _clocks(rows) + _fleet(rows) + _sync(rows)
+    checks = rows.df[~rows.df["status"].isin(("info",))]
+    if len(checks):
+        columns = run_column(rows.multi) + fields("status", "check", "subject", "dtype", "metric", "value",
+                                                   "threshold", "detail")
+        out.append(records_table(checks.itertuples(), columns, cls="performance-checks",
+                                 caption="Performance checks: drift, clocks, the injected mode's cost, the fleet"))
+    return out
+
+

@@ -1,0 +1,264 @@
+"""The performance validator (issue 22): its statistics, the slowness fault simulations, the
+fleet comparison and summary, the CLI, the report section and the fleet-detection campaign."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from mystique.validators.performance import fleet, nominal, stats
+
+from mystique import results
+from mystique.cli import main
+from mystique.faults import slowness
+from mystique.timing import median_interval
+
+finite = st.floats(min_value=0.01, max_value=1e6, allow_nan=False, allow_infinity=False)
+
+
+# -- statistics -----------------------------------------------------------------------------------
+
+@given(st.lists(finite, min_size=1, max_size=300))
+def test_the_median_interval_is_the_suites_median_interval(xs):
+    assert stats.quantile_interval(xs, 0.5) == median_interval(xs)
+
+
+@given(st.lists(finite, min_size=1, max_size=200), st.sampled_from([0.05, 0.25, 0.5, 0.95, 0.99]))
+def test_a_quantile_lies_inside_its_interval(xs, q):
+    lo, hi = stats.quantile_interval(xs, q)
+    order_stat = sorted(xs)[max(1, math.ceil(q * len(xs))) - 1]  # the inverse of the empirical CDF at q
+    assert lo in xs and hi in xs and lo <= order_stat <= hi
+
+
+@given(st.lists(finite, min_size=1, max_size=100), st.integers(1, 100_000))
+def test_expected_max_grows_with_n_and_is_bounded_by_the_largest_sample(xs, n):
+    e1, en = stats.expected_max(xs, 1), stats.expected_max(xs, n)
+    assert e1 == pytest.approx(sum(xs) / len(xs), rel=1e-9)
+    assert e1 * (1 - 1e-9) <= en <= max(xs) * (1 + 1e-9)
+    assert stats.expected_max(xs, n + 1) >= en * (1 - 1e-9)
+
+
+@given(st.integers(1, 100_000))
+def test_expected_max_of_a_two_point_distribution_is_exact(n):
+    # P(max = 2) = 1 - (1/2)^n
+    assert stats.expected_max([1.0, 2.0], n) == pytest.approx(2.0 - 0.5**n, rel=1e-12)
+
+
+@given(st.lists(st.floats(min_value=90, max_value=110), min_size=5, max_size=40), st.floats(0.1, 100))
+def test_the_fleet_verdict_does_not_depend_on_the_unit(peers, scale):
+    a = fleet.judge(130.0, 125.0, 135.0, peers, higher_better=False)
+    b = fleet.judge(130.0 * scale, 125.0 * scale, 135.0 * scale, [p * scale for p in peers], higher_better=False)
+    assert a[0] == b[0] and a[1] == pytest.approx(b[1]) and a[2] == pytest.approx(b[2])
+
+
+def test_the_fleet_fails_a_slow_device_passes_a_typical_one_and_doubts_an_unsure_one():
+    peers = [100.0 + 0.5 * i for i in range(-5, 6)]
+    assert fleet.judge(120.0, 118.0, 122.0, peers, higher_better=False)[0] == "fail"
+    assert fleet.judge(100.5, 99.0, 102.0, peers, higher_better=False)[0] == "pass"
+    assert fleet.judge(104.0, 100.0, 109.0, peers, higher_better=False)[0] == "inconclusive"
+    # a rate: lower is slower
+    assert fleet.judge(80.0, 79.0, 81.0, peers, higher_better=True)[0] == "fail"
+    assert fleet.judge(101.0, 99.5, 102.0, peers, higher_better=True)[0] == "pass"
+
+
+def test_a_noisy_fleet_widens_its_own_limit():
+    tight = fleet.judge(110.0, 109.0, 111.0, [100.0, 100.5, 99.5, 100.2, 99.8], higher_better=False)
+    noisy = fleet.judge(110.0, 109.0, 111.0, [100.0, 108.0, 92.0, 104.0, 96.0], higher_better=False)
+    assert tight[0] == "fail" and noisy[0] == "pass" and noisy[2] > tight[2]
+
+
+def test_nominal_peaks_match_device_names():
+    assert nominal.lookup("NVIDIA H100 80GB HBM3").memory_gbps == 3350.0
+    assert nominal.lookup("NVIDIA H100 PCIe").tflops["bfloat16"] == 756.0
+    assert nominal.lookup("NVIDIA H200").memory_gbps == 4800.0
+    assert nominal.lookup("NVIDIA A100-SXM4-80GB").tflops["bfloat16"] == 312.0
+    assert nominal.lookup("AMD EPYC 7B13 64-Core Processor") is None
+
+
+# -- slowness fault simulations ---------------------------------------------------------------------
+
+def test_throttle_slows_the_stated_fraction_of_calls_by_the_stated_factor(monkeypatch):
+    import torch
+
+    waits = []
+    monkeypatch.setattr(slowness, "busy_wait", waits.append)
+    monkeypatch.setattr(slowness, "_timed", lambda f, a, k: (f(*a, **k), 0.002))
+    x = torch.randn(8, 8)
+    want = x @ x
+    for _ in range(400):  # a fresh mode per call: the draws continue across them
+        with slowness.ThrottleMode(factor=1.5, fraction=0.5, seed=7):
+            got = x @ x
+        assert torch.equal(got, want)
+    assert 140 <= len(waits) <= 260 and all(w == pytest.approx(0.001) for w in waits)
+
+
+def test_a_straggler_stalls_once_per_every_s_of_operator_time(monkeypatch):
+    import torch
+
+    stalls = []
+    monkeypatch.setattr(slowness.time, "sleep", stalls.append)
+    monkeypatch.setattr(slowness, "_timed", lambda f, a, k: (f(*a, **k), 0.01))
+    x = torch.randn(4, 4)
+    for _ in range(2000):  # 20 s of operator time: about 20 stalls of 0.15 s
+        with slowness.StragglerMode(every_s=1.0, stall_ms=150.0, seed=3):
+            x + x
+    assert 8 <= len(stalls) <= 35 and set(stalls) == {0.15}
+
+
+@pytest.mark.parametrize("spec, message", [("throttle:factor=0.5", "at least 1"),
+                                           ("throttle:fraction=2", "within 0..1"),
+                                           ("straggler:every_s=0", "must be > 0")])
+def test_bad_slowness_parameters_exit_2(spec, message, tmp_path, capsys):
+    code = main(["validate", "performance", "-o", str(tmp_path / "o"), "--inject", spec])
+    err = capsys.readouterr().err
+    assert code == 2 and message in err and len(err.strip().splitlines()) == 1
+
+
+# -- the validator and its commands -------------------------------------------------------------------
+
+def test_micro_measures_gemm_memory_and_skips_transfers_on_the_host():
+    from mystique.validators.performance import LEVELS, PerformanceContext
+    from mystique.validators.performance.micro import run_micro
+
+    from mystique.progress import Progress
+    from mystique.targets import make_target
+
+    target = make_target("cpu")
+    res = results.Results(results.RunContext.for_target(target), "performance")
+    s = {**LEVELS["quick"], "micro_budget_s": 0.05, "min_reps": 3, "gemm_n_cpu": 128, "mem_bytes_cpu": 1 << 20}
+    ctx = PerformanceContext(target=target, res=res, seed=0, level="quick", progress=Progress("t"), settings=s,
+                             device_name="cpu")
+    run_micro(ctx)
+    df = res.frame()
+    gemm = df[df["check"] == "gemm_throughput"]
+    assert {"float32", "bfloat16"} <= set(gemm["dtype"]) and (gemm["value"] > 0).all()
+    assert set(df.loc[df["check"] == "memory_bandwidth", "subject"]) == {"copy", "triad"}
+    assert df.loc[df["check"] == "transfer_bandwidth", "status"].tolist() == ["skip"]
+    assert all("95% interval [" in d for d in gemm["detail"])
+
+
+SUSTAINED = ["--group", "sustained", "--workloads", "dlrm", "--duration", "2"]
+
+
+@pytest.fixture(scope="module")
+def healthy_run(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("perf") / "healthy"
+    code = main(["-q", "validate", "performance", "-o", str(out), *SUSTAINED])
+    assert code in (0, 1)  # a drift row may be inconclusive on a busy host; the rows are what is tested
+    return out
+
+
+def test_sustained_rows_hold_the_distribution_drift_and_clocks(healthy_run):
+    df = results.read_csv(healthy_run / "results.csv")
+    metrics = set(df.loc[df["check"] == "step_time", "metric"])
+    assert {"median_ms", "p05_ms", "p95_ms", "p99_ms", "mean_ms"} <= metrics
+    assert {"step_cv", "stalls", "throughput_drift", "clock_drop"} <= set(df["check"])
+    assert "mode_slowdown" not in set(df["check"])  # nothing injected: nothing to pair
+    steps = pd.read_csv(healthy_run / "step_times.csv")
+    assert len(steps) == int(df.loc[df["check"] == "step_cv", "detail"].str.extract(r"of (\d+) step")[0].iloc[0])
+
+
+def test_a_throttled_device_fails_paired_and_against_its_fleet(healthy_run, tmp_path):
+    out = tmp_path / "slow"
+    code = main(["-q", "validate", "performance", "-o", str(out), *SUSTAINED, "--group", "fleet",
+                 "--inject", "throttle:factor=3", "--baseline", str(healthy_run)])
+    df = results.read_csv(out / "results.csv")
+    assert code == 1
+    assert df.loc[df["check"] == "mode_slowdown", "status"].tolist() == ["fail"]
+    row = df[(df["check"] == "fleet_step_time") & (df["metric"] == "median_ms_slowdown")].iloc[0]
+    assert row["status"] == "fail" and row["value"] > 2 and "reproduce: mystique validate performance" in row["detail"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--baseline", "/no/such/folder"], "no results.csv there"),
+    (["--workloads", "resnet"], "unknown workload"),
+    (["--duration", "0"], "--duration"),
+])
+def test_bad_performance_input_exits_2_with_one_line(args, message, tmp_path, capsys):
+    code = main(["validate", "performance", "-o", str(tmp_path / "o"), "--group", "sustained", *args])
+    err = capsys.readouterr().err
+    assert code == 2 and message in err
+
+
+def _fleet_rows(tmp_path: Path, medians: list[float]) -> list[str]:
+    paths = []
+    for i, m in enumerate(medians):
+        ctx = results.RunContext(device="cpu", device_name="Model X", torch_version="t", host=f"h{i:02d}")
+        res = results.Results(ctx, "performance")
+        res.add("step_time", "dlrm/small/infer", "median_ms", m, status="info", unit="ms", dtype="float32",
+                detail=f"95% interval [{m * 0.99:.6g}, {m * 1.01:.6g}] ms; 100 steps")
+        res.add("gemm_throughput", "gemm_1024", "tflops", 1.0 / m, status="info", unit="TFLOP/s", dtype="float32",
+                detail=f"95% interval [{0.99 / m:.6g}, {1.01 / m:.6g}] TFLOP/s")
+        folder = tmp_path / f"dev{i:02d}"
+        folder.mkdir()
+        results.write_csv(res.frame(), folder / "results.csv")
+        paths.append(str(folder))
+    return paths
+
+
+def test_fleet_names_the_outlier_and_states_the_synchronous_slowdown(tmp_path):
+    paths = _fleet_rows(tmp_path, [100.0 + (i % 5) * 0.4 for i in range(11)] + [130.0])
+    code = main(["-q", "fleet", *paths, "-o", str(tmp_path / "fleet")])
+    df = results.read_csv(tmp_path / "fleet" / "results.csv")
+    assert code == 1
+    out = df[df["check"] == "fleet_outlier"]
+    failed = set(out.loc[out["status"] == "fail", "subject"])
+    assert {f.split("@")[1].split("/")[0] for f in failed} == {"h11"} and len(failed) == 2  # step time and GEMM
+    sync = df[df["check"] == "sync_slowdown"]
+    assert set(sync["subject"]) >= {"dlrm/small/infer N=1", "dlrm/small/infer N=100000"}
+    big = sync.loc[sync["subject"] == "dlrm/small/infer N=100000", "value"].iloc[0]
+    dist = df[(df["check"] == "fleet_distribution") & (df["subject"] == "step_time:dlrm/small/infer")]
+    assert big == pytest.approx(130.0 / dist["value"].iloc[0], rel=1e-6)  # the largest of 12 devices, nearly surely
+    html = (tmp_path / "fleet" / "report.html").read_text()
+    assert html.count("<svg") >= 3 and "synchronous job of N devices" in html
+
+
+def test_fleet_refuses_a_missing_results_file(tmp_path, capsys):
+    code = main(["fleet", str(tmp_path / "none"), "-o", str(tmp_path / "f")])
+    assert code == 2 and "no results.csv there" in capsys.readouterr().err
+
+
+def test_the_report_draws_step_times_and_clocks(healthy_run, tmp_path):
+    from mystique.reports import render_report
+
+    html = Path(render_report([str(healthy_run / "results.csv")], str(tmp_path / "r.html"))).read_text()
+    assert "Median step time under sustained load" in html
+    assert "during the sustained run" in html or "clock_drop" in html
+
+
+def test_performance_is_an_opt_in_qualification_group():
+    from mystique.validators import pytest_plugin
+
+    assert "performance" in pytest_plugin.MARKERS and "performance" not in pytest_plugin.DEFAULT_VALIDATORS
+
+
+# -- targets that need time or hardware ---------------------------------------------------------------
+
+@pytest.mark.slow
+def test_campaign_flags_a_throttled_device_and_spares_healthy_ones(tmp_path):
+    """Issue 22's target: over 20 healthy runs as a fleet, throttle at 10% flagged in >= 19 of 20
+    trials and 0 of 20 healthy runs flagged, a background process busy part of the time."""
+    from mystique.validators.performance.campaign import campaign
+
+    df = campaign(tmp_path / "c", runs=20, duration=5.0)
+    rows = df[df["check"] == "campaign_flagged"]
+    assert (rows["status"] == "pass").all(), rows[["subject", "value", "detail"]].to_string()
+
+
+@pytest.mark.cuda
+def test_gpu_micro_checks_reach_80_percent_of_nominal(tmp_path):
+    code = main(["-q", "validate", "performance", "-o", str(tmp_path / "g"), "--device", "cuda", "--group", "micro"])
+    df = results.read_csv(tmp_path / "g" / "results.csv")
+    assert code in (0, 3)
+    frac = df[df["check"] == "fraction_of_nominal"]
+    if not len(frac):
+        pytest.skip("this GPU has no nominal entry")
+    bf16 = frac[(frac["subject"].str.startswith("gemm_throughput")) & (frac["dtype"] == "bfloat16")]["value"]
+    mem = frac[frac["subject"].str.startswith("memory_bandwidth")]["value"]
+    assert bf16.max() >= 0.8 and mem.max() >= 0.8, frac[["subject", "dtype", "value"]].to_string()
+
+

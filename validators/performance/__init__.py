@@ -1,0 +1,126 @@
+"""Performance qualification: is this device as fast as its peers, and does it stay fast?
+
+``run(target, *, level="quick", seed=0, groups=None, out_dir=None, baseline=(), **options)``
+returns the results rows (suite ``performance``); ``groups(level)`` names the check groups:
+
+* ``micro`` (:mod:`.micro`): GEMM throughput per dtype the device runs (fp32, TF32, bf16, fp16,
+  fp8 where available), memory bandwidth (copy, triad), host<->device transfers (pinned,
+  pageable) on accelerators; each a measured figure with its 95% interval and, where
+  :mod:`.nominal` knows the device, its fraction of the datasheet peak.
+* ``sustained`` (:mod:`.sustained`): the reference workloads' generated benchmarks replayed for
+  ``duration`` seconds: step-time distribution, CV, drift first vs last third, clock evidence
+  (:mod:`.clocks`: NVML on NVIDIA GPUs, CPU frequency on CPUs); with a mode injected, the mode's
+  cost paired against the same device without it (:mod:`.paired`).
+* ``fleet`` (:mod:`.compare`, :mod:`.fleet`): every figure against ``baseline`` peers of the same
+  device model by robust statistics; fails a device slower than the fleet beyond the margin with
+  confidence.
+
+Options: ``baseline`` (results.csv files or folders of peers), ``duration`` (seconds of sustained
+load in all, default 60 at quick and 600 at full), ``workloads`` (names or a comma list; default
+llama, dlrm, bert), ``margin`` (fleet margin, default 0.05), ``threads`` (CPU threads, default:
+the CPUs this process may use), ``paired`` (default True: with a mode injected, pair it against the
+device without it). ``out_dir`` receives ``step_times.csv`` (every step time, the
+fleet summary's per-step distribution) and the reference benchmarks.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from mystique.errors import UsageError
+from mystique.hostinfo import torch_threads
+from mystique.io import write_csv as write_table
+from mystique.progress import Progress
+from mystique.results import Results, RunContext
+
+from ._ctx import Measured, PerformanceContext
+from .compare import run_fleet
+from .fleet import results_paths
+from .micro import run_micro
+from .sustained import run_sustained
+
+__all__ = ["GROUPS", "LEVELS", "RUNNERS", "Measured", "PerformanceContext", "groups", "run"]
+
+RUNNERS: dict[str, Callable[[PerformanceContext], None]] = {
+    "micro": run_micro, "sustained": run_sustained, "fleet": run_fleet,
+}
+GROUPS: tuple[str, ...] = tuple(RUNNERS)
+WORKLOADS: tuple[str, ...] = ("llama", "dlrm", "bert")
+_COMMON = {"min_reps": 7, "drift_tolerance": 0.10, "mode_margin": 0.05, "paired_share": 0.5, "warmup_steps": 3,
+           "gemm_n_cpu": 1024, "gemm_n_cuda": 8192, "mem_bytes_cpu": 64 << 20, "mem_bytes_cuda": 1 << 30,
+           "transfer_bytes": 256 << 20}
+LEVELS: dict[str, dict[str, Any]] = {
+    "quick": {**_COMMON, "duration": 60.0, "config": "small", "mode": "infer", "micro_budget_s": 1.0},
+    "full": {**_COMMON, "duration": 600.0, "config": "small", "mode": "train", "micro_budget_s": 5.0,
+             "gemm_n_cpu": 2048, "min_reps": 20},
+}
+_OPTIONS = ("baseline", "duration", "workloads", "margin", "threads", "paired")
+
+
+def groups(level: str = "quick") -> list[str]:
+    """The check groups run at ``level`` (all three at both levels; ``full`` runs longer)."""
+    if level not in LEVELS:
+        raise UsageError(f"unknown level {level!r}; expected quick or full")
+    return list(GROUPS)
+
+
+def _workloads(value: Any) -> tuple[str, ...]:
+    """The sustained group's workloads: ``value`` (names or a comma list) checked, or all of them."""
+    if value is None:
+        return WORKLOADS
+    items = value.split(",") if isinstance(value, str) else list(value)
+    names = tuple(dict.fromkeys(str(x).strip() for x in items if str(x).strip()))
+    unknown = [n for n in names if n not in WORKLOADS] or ([] if names else ["(none given)"])
+    if unknown:
+        raise UsageError(f"unknown workload(s) {', '.join(unknown)}; expected some of {', '.join(WORKLOADS)}")
+    return names
+
+
+def _settings(level: str, options: dict[str, Any]) -> dict[str, Any]:
+    s = dict(LEVELS[level])
+    if options.get("duration") is not None:
+        s["duration"] = float(options["duration"])
+        if not s["duration"] > 0:
+            raise UsageError(f"duration {options['duration']} must be positive (seconds)")
+    if options.get("margin") is not None and not 0 <= float(options["margin"]) < 1:
+        raise UsageError(f"margin {options['margin']} must be within 0..1")
+    s["workloads"] = _workloads(options.get("workloads"))
+    s["paired"] = bool(options.get("paired", True))
+    return s
+
+
+def run(target: Any, *, level: str = "quick", seed: int = 0, groups: Iterable[str] | None = None,
+        out_dir: Any = None, baseline: Any = (), **options: Any):
+    """Run the performance checks on ``target``; return the results DataFrame (suite ``performance``).
+
+    Raises UsageError for unknown levels, groups, options or workloads and unreadable baselines.
+    """
+    if level not in LEVELS:
+        raise UsageError(f"unknown level {level!r}; expected quick or full")
+    chosen = list(GROUPS) if groups is None else list(groups)
+    for what, given, known in (("group", chosen, GROUPS), ("option", list(options), _OPTIONS)):
+        bad = [x for x in given if x not in known]
+        if bad:
+            raise UsageError(f"unknown performance {what}(s) {', '.join(bad)}; known: {', '.join(known)}")
+    settings = _settings(level, options)
+    if baseline:
+        results_paths([baseline] if isinstance(baseline, str) else list(baseline))  # bad paths: before any work
+    ctx_run = RunContext.for_target(target)
+    res = Results(ctx_run, "performance")
+    progress = Progress("performance", total=len(chosen))
+    ctx = PerformanceContext(target=target, res=res, seed=int(seed), level=level, progress=progress,
+                             options={**options, "baseline": baseline}, out_dir=out_dir, settings=settings,
+                             device_name=ctx_run.device_name)
+    threads = options.get("threads") or len(os.sched_getaffinity(0))
+    with torch_threads(threads):
+        for name in chosen:
+            progress.step(f"group {name}")
+            RUNNERS[name](ctx)
+    if out_dir is not None and ctx.step_times:
+        os.makedirs(out_dir, exist_ok=True)
+        write_table(os.path.join(out_dir, "step_times.csv"), ("subject", "step", "seconds"),
+                    [(s, i, t) for s, ts in ctx.step_times.items() for i, t in enumerate(ts)])
+    return res.frame()
+

@@ -1,0 +1,142 @@
+"""Clock sampling while a workload runs: throttling evidence.
+
+:class:`ClockSampler` samples in a background thread every ``interval_s``:
+
+* NVIDIA GPUs through NVML (``pynvml`` from the optional ``nvidia-ml-py``, extra ``[nvml]``): SM and
+  memory clocks (MHz), power (W), temperature (C) and the clock-throttle reason bits;
+* CPUs: the current frequency (MHz) of the CPUs this process may run on, from
+  ``/sys/devices/system/cpu/cpuN/cpufreq/scaling_cur_freq`` or else ``/proc/cpuinfo``'s ``cpu MHz``
+  (on many VMs a constant nominal figure: the rows say which source was read).
+
+``samples`` holds ``(seconds since start, {metric: value})``; ``source`` names what was read, or
+why nothing could be (no NVML, no readable frequency).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+_MHZ = re.compile(r"^cpu MHz\s*:\s*([0-9.]+)", re.M)
+
+
+def _cpus() -> list[int]:
+    try:
+        return sorted(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return list(range(os.cpu_count() or 1))
+
+
+def cpu_mhz() -> tuple[float | None, str]:
+    """(mean current MHz of this process's CPUs, source) or (None, why not)."""
+    cpus = _cpus()
+    vals = []
+    for c in cpus:
+        p = Path(f"/sys/devices/system/cpu/cpu{c}/cpufreq/scaling_cur_freq")
+        try:
+            vals.append(int(p.read_text().strip()) / 1000.0)
+        except (OSError, ValueError):
+            break
+    if vals and len(vals) == len(cpus):
+        return sum(vals) / len(vals), "sysfs scaling_cur_freq"
+    try:
+        found = [float(x) for x in _MHZ.findall(Path("/proc/cpuinfo").read_text())]
+    except OSError:
+        found = []
+    if found:
+        chosen = [found[c] for c in cpus if c < len(found)] or found
+        return sum(chosen) / len(chosen), "/proc/cpuinfo cpu MHz"
+    return None, "no CPU frequency readable (no cpufreq in sysfs, no cpu MHz in /proc/cpuinfo)"
+
+
+class _Nvml:
+    """NVML readings of one GPU (index ``index``)."""
+
+    def __init__(self, index: int):
+        import pynvml  # optional: nvidia-ml-py (extra [nvml])
+
+        pynvml.nvmlInit()
+        self.nv = pynvml
+        self.handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+
+    def read(self) -> dict[str, float]:
+        nv, h = self.nv, self.handle
+        out = {"sm_clock_mhz": float(nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM)),
+               "mem_clock_mhz": float(nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_MEM)),
+               "temperature_c": float(nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU))}
+        try:
+            out["power_w"] = nv.nvmlDeviceGetPowerUsage(h) / 1000.0
+        except nv.NVMLError:
+            pass
+        try:
+            out["throttle_reasons"] = float(nv.nvmlDeviceGetCurrentClocksThrottleReasons(h))
+        except (nv.NVMLError, AttributeError):
+            pass
+        return out
+
+
+# NVML clock-throttle reason bits that mean the device slowed itself (not idle or app clocks)
+THROTTLE_BITS = {0x4: "sw_power_cap", 0x8: "hw_slowdown", 0x20: "sw_thermal", 0x40: "hw_thermal",
+                 0x80: "hw_power_brake"}
+
+
+class ClockSampler:
+    """Samples clocks in a thread between ``start()`` and ``stop()``."""
+
+    def __init__(self, device: str, interval_s: float = 0.25):
+        self.interval_s = interval_s
+        self.samples: list[tuple[float, dict[str, float]]] = []
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._read: Any = None
+        self.source = ""
+        kind = device.split(":")[0]
+        if kind == "cuda":
+            try:
+                import torch
+
+                dev = torch.device(device)
+                index = dev.index if dev.index is not None else torch.cuda.current_device()
+                self._read = _Nvml(index).read
+                self.source = "NVML"
+            except ImportError:
+                self.source = "no NVML: install nvidia-ml-py (pip install 'mystique-suite[nvml]')"
+            except Exception as exc:  # an NVML error of any kind: no evidence, said so in the rows
+                self.source = f"NVML unavailable: {type(exc).__name__}: {exc}"
+        elif kind == "cpu":
+            mhz, why = cpu_mhz()
+            self.source = why
+            if mhz is not None:
+                self._read = lambda: {"cpu_mhz": cpu_mhz()[0] or float("nan")}
+        else:
+            self.source = f"no clock source for device type {kind}"
+
+    @property
+    def available(self) -> bool:
+        return self._read is not None
+
+    def _loop(self) -> None:
+        t0 = time.perf_counter()
+        while not self._stop.is_set():
+            try:
+                self.samples.append((time.perf_counter() - t0, self._read()))
+            except Exception as exc:  # a reading that fails mid-run ends sampling, said so
+                self.source += f"; sampling stopped: {type(exc).__name__}: {exc}"
+                return
+            self._stop.wait(self.interval_s)
+
+    def start(self) -> ClockSampler:
+        if self.available:
+            self._thread = threading.Thread(target=self._loop, name="mystique-clocks", daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self) -> list[tuple[float, dict[str, float]]]:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5.0)
+        return self.samples

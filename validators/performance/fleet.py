@@ -1,0 +1,105 @@
+"""Fleet comparison: is this device as fast as its peers of the same model? (no torch)
+
+A peer is one run of the performance validator on another device of the same model: its
+``results.csv`` (``--baseline FILES``; a folder stands for its ``results.csv``). For each figure
+the device measured (GEMM throughput per dtype, memory and transfer bandwidth, each workload's
+median and p95 step time) the fleet is summarised robustly: its median ``M`` and its scaled MAD
+``S`` (1.4826 x the median absolute deviation: the standard deviation of a normal fleet, unmoved by
+a few outliers). The device's slowdown against the fleet is ``value / M`` for a time and
+``M / value`` for a rate, with the interval the device's own 95% interval gives it.
+
+The limit is ``1 + max(margin, 3 S / M)``: slower than the fleet by more than the stated margin
+(5% by default) and by more than three robust standard deviations of the fleet itself (a healthy
+member of a normal fleet exceeds that with probability 0.13%), so a noisy fleet widens its own
+limit rather than flagging its members. The device fails when its whole interval lies above the
+limit (slower with confidence), passes when it lies at or below, else is inconclusive. With fewer
+than 3 peers the spread cannot be estimated and the margin alone is the limit (said in the row).
+
+:func:`summarise` is ``mystique fleet``: every device against the others (leave one out), per-metric
+distributions, outliers, and the expected slowdown of a synchronous job of N devices drawn from the
+fleet (:func:`sync_slowdown`).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+from pathlib import Path
+
+import pandas as pd
+
+from mystique import results
+from mystique.errors import UsageError
+
+from .stats import expected_max, robust_center, slowdown_verdict
+
+DEFAULT_MARGIN = 0.05
+ROBUST_K = 3.0
+MIN_SPREAD_PEERS = 3
+#: the figures compared with the fleet: (check, metric) -> a rate (True) or a time (False)
+COMPARED: dict[tuple[str, str], bool] = {
+    ("gemm_throughput", "tflops"): True, ("memory_bandwidth", "gbps"): True, ("transfer_bandwidth", "gbps"): True,
+    ("step_time", "median_ms"): False, ("step_time", "p95_ms"): False,
+}
+SYNC_NS: tuple[int, ...] = (1, 8, 64, 512, 4096, 32768, 100_000)
+_INTERVAL = re.compile(r"95% interval \[([-+0-9.eEinfa]+), ([-+0-9.eEinfa]+)\]")
+
+
+def results_paths(paths: Sequence[str]) -> list[Path]:
+    """Each path as a results.csv (a folder: its results.csv); UsageError naming a missing one."""
+    out = []
+    for p in paths:
+        path = Path(p)
+        if path.is_dir():
+            path = path / "results.csv"
+        if not path.is_file():
+            raise UsageError(f"{p}: no results.csv there")
+        out.append(path)
+    return out
+
+
+def measured_rows(paths: Sequence[str]) -> pd.DataFrame:
+    """The performance figures of the results files ``paths`` (the rows the fleet compares), with a
+    ``peer`` column naming each run (``host/device/run_id``)."""
+    df = results.read_csv([str(p) for p in results_paths(paths)])
+    keep = [(c, m) in COMPARED for c, m in zip(df["check"], df["metric"])]
+    df = df[(df["suite"] == "performance") & (df["status"] == "info") & pd.Series(keep, index=df.index)].copy()
+    df["peer"] = df["host"] + "/" + df["device"] + "/" + df["run_id"]
+    return df
+
+
+def interval_of(detail: str) -> tuple[float, float]:
+    """The ``95% interval [lo, hi]`` a measured row's detail states (NaN, NaN when none)."""
+    m = _INTERVAL.search(detail or "")
+    return (float(m[1]), float(m[2])) if m else (math.nan, math.nan)
+
+
+def judge(value: float, lo: float, hi: float, peers: Sequence[float], higher_better: bool,
+          margin: float = DEFAULT_MARGIN) -> tuple[str, float, float, str]:
+    """(status, slowdown, limit, detail) of one figure against the ``peers``' figures."""
+    m, s = robust_center(peers)
+    if not (math.isfinite(m) and m > 0 and value > 0):
+        return "skip", math.nan, math.nan, "no positive fleet median to compare with"
+    n = len(peers)
+    spread = ROBUST_K * s / m if n >= MIN_SPREAD_PEERS else 0.0
+    limit = 1.0 + max(margin, spread)
+    if higher_better:
+        r, rlo, rhi = m / value, (m / hi if hi > 0 else math.inf), (m / lo if lo > 0 else math.inf)
+    else:
+        r, rlo, rhi = value / m, lo / m, hi / m
+    why = (f"3 x scaled MAD / median = {spread:.4f}" if n >= MIN_SPREAD_PEERS
+           else f"fewer than {MIN_SPREAD_PEERS} peers: spread not estimable, margin only")
+    detail = (f"slowdown vs fleet {r:.4f} (95% interval [{rlo:.4f}, {rhi:.4f}]); fleet of {n}: median {m:.6g}, "
+              f"scaled MAD {s:.4g}; limit 1+max(margin {margin:g}, {why}) = {limit:.4f}")
+    return slowdown_verdict(rlo, rhi, limit), r, limit, detail
+
+
+def sync_slowdown(samples: Sequence[float], ns: Sequence[int] = SYNC_NS) -> dict[int, float]:
+    """N -> E[max of N draws from the empirical distribution of ``samples``] / its median: the
+    expected slowdown of a synchronous step over N devices against a typical device."""
+    xs = [float(x) for x in samples if math.isfinite(float(x))]
+    if not xs:
+        return {}
+    med = robust_center(xs)[0]
+    return {n: expected_max(xs, n) / med for n in ns}

@@ -1,0 +1,170 @@
+"""Device micro-checks (group ``micro``): GEMM throughput per dtype, memory bandwidth (copy and
+triad), host<->device transfers (pinned and pageable) on accelerators.
+
+Each figure is timed in repeated calls under ``target.active()`` (the device synchronised around
+each call) for the level's time budget, at least ``min_reps`` times; the row's value is the median
+rate with its 95% interval (order statistics). Where :mod:`.nominal` knows the device, a
+``fraction_of_nominal`` row divides the median by the datasheet peak. Measured figures are
+``info``: the fleet group judges them against peers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import statistics
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+
+from ._ctx import Measured, PerformanceContext
+from .nominal import lookup
+from .stats import quantile_interval
+
+
+def _rates(fn: Callable[[], Any], work: float, target: Any, budget_s: float, min_reps: int) -> list[float]:
+    """``work`` / seconds of each timed call of ``fn`` (after 2 untimed ones), for ``budget_s``."""
+    out: list[float] = []
+    with target.active():
+        for _ in range(2):
+            fn()
+        target.synchronize()
+        t_end = time.perf_counter() + budget_s
+        while len(out) < min_reps or time.perf_counter() < t_end:
+            target.synchronize()
+            t0 = time.perf_counter()
+            fn()
+            target.synchronize()
+            dt = time.perf_counter() - t0
+            out.append(work / dt if dt > 0 else float("nan"))
+            if len(out) >= 10_000:
+                break
+    return out
+
+
+@contextlib.contextmanager
+def _tf32(enabled: bool) -> Iterator[None]:
+    prev = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = enabled
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = prev
+
+
+def _gemm_cases(device: torch.device) -> list[tuple[str, torch.dtype, bool]]:
+    """(label, dtype, tf32) of each GEMM the device type runs (fp8 where the device has it)."""
+    cases = [("float32", torch.float32, False)]
+    if device.type == "cuda":
+        cases.append(("tf32", torch.float32, True))
+    cases += [("bfloat16", torch.bfloat16, False), ("float16", torch.float16, False)]
+    if device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 9):
+        cases.append(("float8", torch.float8_e4m3fn, False))
+    return cases
+
+
+def _gemm_fn(label: str, dtype: torch.dtype, n: int, device: torch.device, seed: int) -> Callable[[], Any]:
+    g = torch.Generator().manual_seed(seed)
+    a = torch.randn(n, n, generator=g).to(device)
+    b = torch.randn(n, n, generator=g).to(device)
+    if label == "float8":
+        a8, b8 = a.to(dtype), b.to(dtype).t().contiguous().t()
+        one = torch.ones((), device=device)
+        return lambda: torch._scaled_mm(a8, b8, scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
+    a, b = a.to(dtype), b.to(dtype)
+    return lambda: torch.mm(a, b)
+
+
+def _sized_gemm(label: str, dtype: torch.dtype, n: int, device: torch.device, seed: int, per_call_s: float,
+                target: Any) -> tuple[int, Callable[[], Any]]:
+    """The GEMM of size ``n``, halved (down to 128) while one call takes longer than ``per_call_s``: a
+    dtype without a fast kernel here (fp16 on many CPUs) is measured at a size that fits the budget.
+    The size is in the row's subject, so peers compare like with like."""
+    while True:
+        fn = _gemm_fn(label, dtype, n, device, seed)
+        fn()
+        target.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        target.synchronize()
+        if time.perf_counter() - t0 <= per_call_s or n <= 128:
+            return n, fn
+        n //= 2
+
+
+def run_gemm(ctx: PerformanceContext) -> None:
+    s, target = ctx.settings, ctx.target
+    device = target.torch_device
+    n = s["gemm_n_cuda"] if device.type != "cpu" else s["gemm_n_cpu"]
+    nominal = lookup(ctx.device_name)
+    for label, dtype, tf32 in _gemm_cases(device):
+        try:
+            with _tf32(tf32):
+                k, fn = _sized_gemm(label, dtype, n, device, ctx.seed, s["micro_budget_s"] / s["min_reps"], target)
+                ctx.progress.note(f"GEMM {label} {k}x{k}x{k} on {target.label}")
+                rates = _rates(fn, 2.0 * k**3 / 1e12, target, s["micro_budget_s"], s["min_reps"])
+        except (RuntimeError, TypeError, NotImplementedError) as exc:
+            ctx.res.add("gemm_throughput", f"gemm_{n}", "tflops", None, status="skip", dtype=label,
+                        detail=f"{label} GEMM does not run on {target.label}: {str(exc).splitlines()[0][:200]}")
+            continue
+        _record_rate(ctx, "gemm_throughput", f"gemm_{k}", label, "tflops", "TFLOP/s", rates,
+                     f"{len(rates)} timed {k}x{k}x{k} GEMMs (2n^3 flop each)"
+                     + ("; TF32 allowed" if tf32 else ""),
+                     nominal.tflops.get(label) if nominal else None, nominal.source if nominal else "")
+
+
+def _record_rate(ctx: PerformanceContext, check: str, subject: str, dtype: str, metric: str, unit: str,
+                 rates: list[float], how: str, peak: float | None, source: str) -> None:
+    med = statistics.median(rates)
+    lo, hi = quantile_interval(rates, 0.5)
+    ctx.record(check, subject, dtype, metric, Measured(med, lo, hi, True, unit), f"{how}; median of the rates")
+    if peak:
+        ctx.res.add("fraction_of_nominal", f"{check}/{subject}", "fraction", med / peak, status="info",
+                    dtype=dtype, threshold=None,
+                    detail=f"median {med:.4g} {unit} of nominal {peak:g} {unit} ({source})")
+
+
+def run_memory(ctx: PerformanceContext) -> None:
+    s, target = ctx.settings, ctx.target
+    device = target.torch_device
+    nbytes = s["mem_bytes_cuda"] if device.type != "cpu" else s["mem_bytes_cpu"]
+    n = nbytes // 4
+    a = torch.empty(n, device=device)
+    b = torch.rand(n, device=device)
+    c = torch.rand(n, device=device)
+    nominal = lookup(ctx.device_name)
+    cases = {"copy": (lambda: a.copy_(b), 2 * nbytes),
+             "triad": (lambda: torch.add(b, c, alpha=3.0, out=a), 3 * nbytes)}
+    for name, (fn, moved) in cases.items():
+        ctx.progress.note(f"memory {name} of {nbytes / 2**20:.0f} MiB arrays on {target.label}")
+        rates = _rates(fn, moved / 1e9, target, s["micro_budget_s"], s["min_reps"])
+        _record_rate(ctx, "memory_bandwidth", name, "float32", "gbps", "GB/s", rates,
+                     f"{len(rates)} timed {name}s of {nbytes} B float32 arrays ({moved} B read+written each)",
+                     nominal.memory_gbps if nominal else None, nominal.source if nominal else "")
+
+
+def run_transfer(ctx: PerformanceContext) -> None:
+    s, target = ctx.settings, ctx.target
+    device = target.torch_device
+    if device.type == "cpu":
+        ctx.res.add("transfer_bandwidth", "host_device", "gbps", None, status="skip",
+                    detail="the device under test is the host: no host<->device transfer")
+        return
+    nbytes = s["transfer_bytes"]
+    dev = torch.empty(nbytes // 4, device=device)
+    for pinned in (True, False):
+        host = torch.empty(nbytes // 4, pin_memory=pinned)
+        kind = "pinned" if pinned else "pageable"
+        for direction, fn in (("h2d", lambda h=host: dev.copy_(h)), ("d2h", lambda h=host: h.copy_(dev))):
+            ctx.progress.note(f"{direction} {kind} {nbytes / 2**20:.0f} MiB on {target.label}")
+            rates = _rates(fn, nbytes / 1e9, target, s["micro_budget_s"], s["min_reps"])
+            _record_rate(ctx, "transfer_bandwidth", f"{direction}_{kind}", "float32", "gbps", "GB/s", rates,
+                         f"{len(rates)} timed {direction} copies of {nbytes} B ({kind} host memory)", None, "")
+
+
+def run_micro(ctx: PerformanceContext) -> None:
+    """GEMM throughput per dtype, memory bandwidth, host<->device transfers."""
+    run_gemm(ctx)
+    run_memory(ctx)
+    run_transfer(ctx)

@@ -1,0 +1,129 @@
+"""Distribution-free statistics of the performance validator (no torch).
+
+* :func:`quantile_interval`: the 95% interval of a quantile from order statistics with binomial
+  ranks (the median's is :func:`mystique.timing.median_interval`'s generalisation).
+* :func:`ratio_interval`: a conservative interval of the ratio of two independent medians.
+* :func:`robust_center`: the median and the scaled MAD (1.4826 x MAD: the standard deviation of a
+  normal sample) of a set of figures.
+* :func:`expected_max`: the expected maximum of N independent draws from an empirical distribution
+  (order statistics of the empirical CDF), exact for that distribution and stable for N up to
+  1e5 and beyond.
+* :func:`slowdown_verdict`: ``pass``/``fail``/``inconclusive`` of a slowdown interval against a limit.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+
+LEVEL = 0.95
+MAD_SCALE = 1.4826  # MAD x this estimates the standard deviation of a normal sample
+
+
+def _binom_cdf_table(n: int, q: float) -> list[float]:
+    """P(B <= k) for k = 0..n, B ~ Binomial(n, q), from log-pmfs (no overflow for large n)."""
+    if q <= 0.0 or q >= 1.0:
+        raise ValueError(f"quantile {q} must be strictly inside 0..1")
+    lq, l1q = math.log(q), math.log1p(-q)
+    lg = math.lgamma(n + 1)
+    out, acc = [], 0.0
+    for k in range(n + 1):
+        acc += math.exp(lg - math.lgamma(k + 1) - math.lgamma(n - k + 1) + k * lq + (n - k) * l1q)
+        out.append(min(acc, 1.0))
+    return out
+
+
+def quantile_interval(values: Sequence[float], q: float = 0.5, level: float = LEVEL) -> tuple[float, float]:
+    """Distribution-free ``level`` interval of the ``q`` quantile of ``values``.
+
+    ``[x_(l), x_(u)]`` (1-based order statistics) with ``l`` the largest rank such that
+    ``P(B < l) <= alpha/2`` and ``u`` the smallest with ``P(B >= u) <= alpha/2``, ``B ~ Bin(n, q)``
+    the count of values below the true quantile. Too few values for that coverage: the extremes.
+    """
+    xs = sorted(float(v) for v in values)
+    n = len(xs)
+    if n == 0:
+        return (math.nan, math.nan)
+    alpha = (1.0 - level) / 2.0
+    cdf = _binom_cdf_table(n, q)
+    lo = 1
+    for rank in range(1, n + 1):  # P(B < rank) = cdf[rank - 1]
+        if cdf[rank - 1] <= alpha:
+            lo = rank
+        else:
+            break
+    hi = n
+    for rank in range(n, 0, -1):  # P(B >= rank) = 1 - cdf[rank - 1]
+        if 1.0 - cdf[rank - 1] <= alpha:
+            hi = rank
+        else:
+            break
+    return xs[lo - 1], xs[hi - 1]
+
+
+def quantile(values: Sequence[float], q: float) -> float:
+    """The ``q`` quantile of ``values`` (linear interpolation between order statistics)."""
+    xs = sorted(float(v) for v in values)
+    if not xs:
+        return math.nan
+    pos = q * (len(xs) - 1)
+    i = int(math.floor(pos))
+    j = min(i + 1, len(xs) - 1)
+    return xs[i] + (xs[j] - xs[i]) * (pos - i)
+
+
+def cv(values: Sequence[float]) -> float:
+    """Coefficient of variation (sample standard deviation over mean); NaN with fewer than 2 values."""
+    if len(values) < 2:
+        return math.nan
+    m = statistics.fmean(values)
+    return statistics.stdev(values) / m if m else math.nan
+
+
+def ratio_interval(num: tuple[float, float], den: tuple[float, float]) -> tuple[float, float]:
+    """Conservative interval of ``num / den`` from the intervals of both (positive figures):
+    ``[num_lo / den_hi, num_hi / den_lo]``. Each covers its median with 95%, so the ratio's
+    interval covers with at least 0.95^2 ~ 90% when both are independent."""
+    if not (den[0] > 0 and den[1] > 0):
+        return (math.nan, math.nan)
+    return num[0] / den[1], num[1] / den[0]
+
+
+def robust_center(values: Sequence[float]) -> tuple[float, float]:
+    """(median, 1.4826 x MAD) of ``values`` (NaN, NaN when empty)."""
+    xs = [float(v) for v in values if math.isfinite(float(v))]
+    if not xs:
+        return (math.nan, math.nan)
+    m = statistics.median(xs)
+    return m, MAD_SCALE * statistics.median(abs(x - m) for x in xs)
+
+
+def expected_max(samples: Sequence[float], n: int) -> float:
+    """E[max of ``n`` independent draws] from the empirical distribution of ``samples``.
+
+    With sorted ``x_1 <= ... <= x_m``, ``P(max <= x_i) = (i/m)^n``, so
+    ``E = sum_i x_i ((i/m)^n - ((i-1)/m)^n)``; the powers are taken as ``exp(n log(i/m))``.
+    """
+    xs = sorted(float(v) for v in samples)
+    m = len(xs)
+    if m == 0 or n < 1:
+        return math.nan
+    total, prev = 0.0, 0.0
+    for i, x in enumerate(xs, start=1):
+        cur = math.exp(n * math.log(i / m))
+        total += x * (cur - prev)
+        prev = cur
+    return total
+
+
+def slowdown_verdict(lo: float, hi: float, limit: float) -> str:
+    """``fail`` when the slowdown interval ``[lo, hi]`` lies wholly above ``limit`` (slower with
+    confidence), ``pass`` when it lies at or below it, ``inconclusive`` when it straddles it."""
+    if not (math.isfinite(lo) and math.isfinite(hi) and math.isfinite(limit)):
+        return "inconclusive"
+    if lo > limit:
+        return "fail"
+    if hi <= limit:
+        return "pass"
+    return "inconclusive"
