@@ -39,7 +39,14 @@ from .fidelity import (
 )
 from .plan import Plan, plan_from_path
 from .result_rows import reproduce_command, results
-from .runtime import CollectiveHandler, Executor, InsufficientMemory, ReplayError, replay_threads
+from .runtime import (
+    CollectiveHandler,
+    Executor,
+    InsufficientMemory,
+    ReplayError,
+    replay_threads,
+    steady_host_allocator,
+)
 from .summary import ops_csv_text, summarize
 
 DEFAULT_HALF_WIDTH = 0.025
@@ -176,6 +183,9 @@ def subject_of(plan: Plan, source: str | os.PathLike, kind: str) -> str:
 
 def _replay(plan: Plan, kind: str, source: str | os.PathLike, out_dir: str | os.PathLike, target: Any,
             prog: Progress, o: _Options) -> tuple[dict[str, Any], Any]:
+    # CPU: large blocks from a heap never trimmed, for the replay and the original beside it (see
+    # steady_host_allocator: page faults of fresh mmaps are the allocator's history, not the ops')
+    allocator = steady_host_allocator() if torch.device(target.device).type == "cpu" else None
     e = make_executor(plan, target.device, seed=o.seed, pacing=o.pacing, allow_ops=o.allow_ops,
                       collective_handler=o.collective_handler)
     prog.note(f"{len(plan.ops)} ops, {len(plan.data.get('inputs', []))} input tensors materialised; peak memory "
@@ -194,6 +204,7 @@ def _replay(plan: Plan, kind: str, source: str | os.PathLike, out_dir: str | os.
                              load_start=load0, gpu_before=gpu0)
     if paired is not None:
         stats.update(threads_note)
+    stats["host_allocator"] = allocator or "as the process had it"
     if e.pacing == "recorded":  # what was paced, and where the gaps came from
         stats.update(paced_ops=e.paced_ops, paced_gap_ms=e.pacing_gap_us / 1e3,
                      gap_source=plan.metadata.get("gap_source"))

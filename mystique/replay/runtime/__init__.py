@@ -72,6 +72,7 @@ from .storage import (
     fill_storage,
     prime_host_allocator,
     replay_threads,
+    steady_host_allocator,
     synchronize,
 )
 from .substitutes import DEVICE_SUBSTITUTES, substitute
@@ -88,6 +89,6 @@ __all__ = [
     "decode_call", "decode_value", "draw_ints", "dtype_from_name", "encode_value", "extent", "fill_slots", "fill_storage", "flat_results", "flatten_outputs",
     "flatten_result", "free_lists", "import_namespace",
     "load_plan", "main", "make_call", "op_input_ids", "op_output_ids", "op_refusal", "op_tensor_ids", "overload_schemas",
-    "parse_schema", "prime_host_allocator", "python_binding", "replay_threads", "resolve_overload", "schedule",
+    "parse_schema", "prime_host_allocator", "steady_host_allocator", "python_binding", "replay_threads", "resolve_overload", "schedule",
     "substitute", "synchronize", "walk_tensor_ids",
 ]
