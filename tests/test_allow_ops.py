@@ -7,7 +7,6 @@ the tests see that a refused op is skipped with the reason and never called."""
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -100,21 +99,14 @@ def test_executor_calls_it_when_allowed():
 
 
 def _capture(path: Path) -> Path:
-    from torch.profiler import ExecutionTraceObserver
+    from test_replay_plan import capture_et
 
-    os.environ["ENABLE_PYTORCH_EXECUTION_TRACE_SAVE_INTEGRAL_TENSOR_RANGE"] = "1"
     x = torch.randn(3, 5)
 
     def step():
         return torch.ops.mystiquetest.boom(torch.add(x, 1)).relu()
 
-    step()
-    et = ExecutionTraceObserver()
-    et.register_callback(str(path))
-    et.start()
-    step()
-    et.stop()
-    et.unregister_callback()
+    capture_et(path, step, warm=1)
     CALLS.clear()
     return path
 

@@ -9,6 +9,9 @@ import os
 from pathlib import Path
 from typing import Any
 
+from ..trace.files import beside
+from ..trace.kineto import KINETO_FILE_NAMES
+
 _MAX_CAPTURE_BYTES = 16 * 1024**2
 _MAX_CAPTURE_DEPTH = 16  # capture.json nests 3 levels; values copied from it go into the plan's metadata
 # what of capture.json rebuilds the captured step in another process (mystique.capture.rebuild_step)
@@ -85,9 +88,4 @@ def capture_original_step(capture: dict[str, Any] | None) -> dict[str, Any] | No
 
 
 def find_kineto(trace_path: str | os.PathLike) -> Path | None:
-    p = Path(trace_path)
-    folder = p if p.is_dir() else p.parent
-    for name in ("kineto.json.gz", "kineto.json"):
-        if (folder / name).is_file():
-            return folder / name
-    return None
+    return beside(trace_path, KINETO_FILE_NAMES)

@@ -40,6 +40,14 @@ def in_folder(path: str | os.PathLike, names: Sequence[str]) -> Path:
     raise UsageError(f"{show_path(p)}: folder holds no {' or '.join(names)}")
 
 
+def beside(trace_path: str | os.PathLike, names: Sequence[str]) -> Path | None:
+    """The first of ``names`` that is a file in the folder of ``trace_path`` (the path itself when it
+    is a folder), or None: the files a capture writes next to its trace."""
+    p = Path(trace_path)
+    folder = p if p.is_dir() else p.parent
+    return next((folder / n for n in names if (folder / n).is_file()), None)
+
+
 def resolve_trace_path(path: str | os.PathLike) -> Path:
     """Return the ET file that ``path`` names: the file itself, or ``trace.json[.gz]`` in a folder.
 

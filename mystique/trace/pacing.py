@@ -16,7 +16,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .files import read_json_document
+from .files import beside, read_json_document
 from .kineto import CPU_CATEGORIES, KinetoTimes
 
 PACING_FILE_NAMES = ("pacing.json.gz", "pacing.json")
@@ -30,9 +30,7 @@ Span = tuple[float, float]
 
 def find_pacing(trace_path: str | os.PathLike) -> Path | None:
     """The pacing trace beside a trace file (or in a trace dir), or None."""
-    p = Path(trace_path)
-    folder = p if p.is_dir() else p.parent
-    return next((folder / n for n in PACING_FILE_NAMES if (folder / n).is_file()), None)
+    return beside(trace_path, PACING_FILE_NAMES)
 
 
 def read_timeline(path: str | os.PathLike) -> list[tuple[str, float, float]]:
