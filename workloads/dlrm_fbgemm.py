@@ -53,16 +53,23 @@ def tbe_batch(indices: Tensor, offsets: Tensor) -> tuple[Tensor, Tensor]:
     return indices.reshape(-1).int(), torch.cat([starts.reshape(-1), end]).int()
 
 
-def quantize_rows_int8(table: Tensor) -> tuple[Tensor, Tensor]:
-    """``table`` (R, D) float -> (codes (R, D) uint8, scale_bias (R, 2) fp16): row-wise 8-bit
-    quantization as FBGEMM stores it (value = code * scale + bias)."""
+def quantize_rows(table: Tensor, bits: int) -> tuple[Tensor, Tensor]:
+    """``table`` (R, D) float -> (codes (R, D) int64 in [0, 2^bits), scale_bias (R, 2) fp16), on the
+    table's device: row-wise min/max quantization as FBGEMM stores it (value = code * scale + bias,
+    ``scale = (max - min) / (2^bits - 1)``, ``bias = min``)."""
     t = table.detach().float()
+    top = (1 << bits) - 1
     lo, hi = t.min(1).values, t.max(1).values
-    scale = ((hi - lo) / 255.0).to(torch.float16)
-    bias = lo.to(torch.float16)
-    s = scale.float().clamp_min(torch.finfo(torch.float32).tiny)
-    codes = torch.round((t - bias.float().unsqueeze(1)) / s.unsqueeze(1)).clamp_(0, 255).to(torch.uint8)
-    return codes, torch.stack([scale, bias], 1)
+    scale_bias = torch.stack([(hi - lo) / top, lo], 1).to(torch.float16)
+    s = scale_bias[:, 0:1].float().clamp_min(torch.finfo(torch.float32).tiny)
+    codes = torch.round((t - scale_bias[:, 1:2].float()) / s).clamp_(0, top).to(torch.int64)
+    return codes, scale_bias
+
+
+def quantize_rows_int8(table: Tensor) -> tuple[Tensor, Tensor]:
+    """:func:`quantize_rows` at 8 bits, codes as uint8 (FBGEMM's 8-bit row layout)."""
+    codes, scale_bias = quantize_rows(table, 8)
+    return codes.to(torch.uint8), scale_bias
 
 
 def dequantize_rows_int8(codes: Tensor, scale_bias: Tensor) -> Tensor:

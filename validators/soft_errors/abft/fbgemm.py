@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from mystique.workloads.dlrm_fbgemm import quantize_rows
 
 from mystique.errors import EnvironmentUnsupported, UsageError
 
@@ -60,18 +61,6 @@ def _tbe(rows: int, dim: int, bits: int, mode: str, device: torch.device) -> Any
                                                    output_dtype=SparseType.FP32, pooling_mode=pooling)
 
 
-def quantize_rows(weight: torch.Tensor, bits: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``weight`` (R, D) -> (codes (R, D) int64 in [0, 2^bits), scale_bias (R, 2) fp16): row-wise
-    min/max quantization (``scale = (max - min) / (2^bits - 1)``, ``bias = min``)."""
-    t = weight.detach().float().cpu()
-    top = (1 << bits) - 1
-    lo, hi = t.min(1).values, t.max(1).values
-    sb = torch.stack([(hi - lo) / top, lo], 1).to(torch.float16)
-    s = sb[:, 0:1].float().clamp_min(torch.finfo(torch.float32).tiny)
-    codes = torch.round((t - sb[:, 1:2].float()) / s).clamp_(0, top).to(torch.int64)
-    return codes, sb
-
-
 @dataclass
 class FbgemmTable:
     """One table in FBGEMM's inference TBE (``bits``-bit rows, ``mode`` pooling) and its checksums."""
@@ -89,7 +78,7 @@ class FbgemmTable:
         rows, dim = weight.shape
         tbe = _tbe(rows, dim, bits, mode, weight.device)
         tbe.fill_random_weights()  # allocates; every row is overwritten
-        codes, sb = quantize_rows(weight, bits)
+        codes, sb = quantize_rows(weight.detach().cpu(), bits)
         (packed, scale_shift), = tbe.split_embedding_weights(split_scale_shifts=True)
         with torch.no_grad():
             if bits == 4:
