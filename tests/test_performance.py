@@ -4,13 +4,16 @@ fleet comparison and summary, the CLI, the report section and the fleet-detectio
 from __future__ import annotations
 
 import math
+import re
+import time
 from pathlib import Path
 
 import pandas as pd
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from mystique.validators.performance import fleet, nominal, stats
+from mystique.validators.performance import fleet, nominal, stats, timed
+from mystique.validators.performance.stats import quantile
 
 from mystique import results
 from mystique.cli import main
@@ -85,8 +88,8 @@ def test_throttle_slows_the_stated_fraction_of_calls_by_the_stated_factor(monkey
     import torch
 
     waits = []
-    monkeypatch.setattr(slowness, "busy_wait", waits.append)
-    monkeypatch.setattr(slowness, "_timed", lambda f, a, k: (f(*a, **k), 0.002))
+    monkeypatch.setattr(slowness, "busy_wait", lambda s, clock: waits.append(s))
+    monkeypatch.setattr(slowness, "_timed", lambda f, a, k: (f(*a, **k), 0.002, time.perf_counter))
     x = torch.randn(8, 8)
     want = x @ x
     for _ in range(400):  # a fresh mode per call: the draws continue across them
@@ -96,12 +99,24 @@ def test_throttle_slows_the_stated_fraction_of_calls_by_the_stated_factor(monkey
     assert 140 <= len(waits) <= 260 and all(w == pytest.approx(0.001) for w in waits)
 
 
+def test_on_the_cpu_the_throttle_counts_and_spins_on_the_threads_cpu_time():
+    """A busy host's time slices are neither counted in an operator's time nor multiplied by the factor."""
+    import torch
+
+    x = torch.ones(64, 64)
+    out, dt, clock = slowness._timed(torch.mm, (x, x), {})
+    assert clock is time.thread_time and 0 <= dt and torch.equal(out, x @ x)
+    t0 = time.thread_time()
+    time.sleep(0.05)  # sleeping takes no CPU time: a wait on this clock ignores it
+    assert time.thread_time() - t0 < 0.02
+
+
 def test_a_straggler_stalls_once_per_every_s_of_operator_time(monkeypatch):
     import torch
 
     stalls = []
     monkeypatch.setattr(slowness.time, "sleep", stalls.append)
-    monkeypatch.setattr(slowness, "_timed", lambda f, a, k: (f(*a, **k), 0.01))
+    monkeypatch.setattr(slowness, "_timed", lambda f, a, k: (f(*a, **k), 0.01, time.perf_counter))
     x = torch.randn(4, 4)
     for _ in range(2000):  # 20 s of operator time: about 20 stalls of 0.15 s
         with slowness.StragglerMode(every_s=1.0, stall_ms=150.0, seed=3):
@@ -134,9 +149,11 @@ def test_micro_measures_gemm_memory_and_skips_transfers_on_the_host():
                              device_name="cpu")
     run_micro(ctx)
     df = res.frame()
+    df["check"] = df["check"].str.removesuffix("_disturbed")  # a busy host's figures keep their place
     gemm = df[df["check"] == "gemm_throughput"]
     assert {"float32", "bfloat16"} <= set(gemm["dtype"]) and (gemm["value"] > 0).all()
     assert set(df.loc[df["check"] == "memory_bandwidth", "subject"]) == {"copy", "triad"}
+    assert all("calls undisturbed" in d for d in gemm["detail"])
     assert df.loc[df["check"] == "transfer_bandwidth", "status"].tolist() == ["skip"]
     assert all("95% interval [" in d for d in gemm["detail"])
 
@@ -156,10 +173,18 @@ def test_sustained_rows_hold_the_distribution_drift_and_clocks(healthy_run):
     df = results.read_csv(healthy_run / "results.csv")
     metrics = set(df.loc[df["check"] == "step_time", "metric"])
     assert {"median_ms", "p05_ms", "p95_ms", "p99_ms", "mean_ms"} <= metrics
-    assert {"step_cv", "stalls", "throughput_drift", "clock_drop"} <= set(df["check"])
+    assert {"step_cv", "stalls", "throughput_drift", "clock_drop", "host_contention"} <= set(df["check"])
     assert "mode_slowdown" not in set(df["check"])  # nothing injected: nothing to pair
     steps = pd.read_csv(healthy_run / "step_times.csv")
-    assert len(steps) == int(df.loc[df["check"] == "step_cv", "detail"].str.extract(r"of (\d+) step")[0].iloc[0])
+    guard = df[df["check"] == "host_contention"].iloc[0]
+    assert len(steps) == int(re.search(r"of (\d+) calls undisturbed", guard["detail"])[1])
+    assert guard["value"] == steps["undisturbed"].sum()
+    assert (steps["undisturbed"] == (steps["waited_s"] <= timed.EPS * steps["seconds"])).all()
+    enough = guard["status"] == "pass"
+    check = "step_time" if enough else "step_time_disturbed"  # a busy host's figures are not compared
+    median = df[(df["check"] == check) & (df["metric"] == "median_ms")]["value"].iloc[0]
+    chosen = steps.loc[steps["undisturbed"] == 1, "seconds"] if enough else steps["seconds"]
+    assert median == pytest.approx(quantile(list(chosen * 1e3), 0.5))  # the figure is over the undisturbed steps
 
 
 def test_a_throttled_device_fails_paired_and_against_its_fleet(healthy_run, tmp_path):
@@ -169,6 +194,11 @@ def test_a_throttled_device_fails_paired_and_against_its_fleet(healthy_run, tmp_
     df = results.read_csv(out / "results.csv")
     assert code == 1
     assert df.loc[df["check"] == "mode_slowdown", "status"].tolist() == ["fail"]
+    base = results.read_csv(healthy_run / "results.csv")
+    busy = [d for d in (base, df) if (d.loc[d["check"] == "host_contention", "status"] != "pass").any()]
+    if busy:  # a figure the host disturbed is never compared: no verdict either way
+        assert "fleet_step_time" not in set(df["check"])
+        pytest.skip("the host was too busy for undisturbed steps (host_contention inconclusive)")
     row = df[(df["check"] == "fleet_step_time") & (df["metric"] == "median_ms_slowdown")].iloc[0]
     assert row["status"] == "fail" and row["value"] > 2 and "reproduce: mystique validate performance" in row["detail"]
 

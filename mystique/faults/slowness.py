@@ -2,7 +2,8 @@
 
 * :class:`ThrottleMode` (``throttle``): a ``fraction`` of operator calls (drawn per call from a
   seeded generator) take ``factor`` times their own measured time: after the operator returns,
-  the mode busy-waits ``(factor - 1) x`` the time it took. It imitates a device held at reduced
+  the mode busy-waits ``(factor - 1) x`` the time it took (on the CPU both on the calling thread's
+  CPU time, so a busy host's time slices are not multiplied into the fault). It imitates a device held at reduced
   clocks (thermal or power capping, a slow memory channel): every affected kernel is
   proportionally slower, the results are right.
 * :class:`StragglerMode` (``straggler``): occasional long stalls: after every ``every_s`` seconds of
@@ -11,8 +12,8 @@
 * :class:`PassThroughMode`: a mode that only calls each operator, the paired reference of the
   performance validator (the same Python dispatch cost as a mode, no slowness).
 
-The time of an operator is measured around the call on the host; on an accelerator the device is
-synchronised before and after it so the measured time is the kernel's (a simulation: the
+The time of an operator is measured around the call on the host (on the CPU, the calling thread's
+CPU time); on an accelerator the device is synchronised before and after it so the measured time is the kernel's (a simulation: the
 synchronisation itself changes the overlap of host and device, which the paired reference of the
 performance validator does not have; state so when using it there).
 """
@@ -22,6 +23,7 @@ from __future__ import annotations
 import math
 import random
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -41,17 +43,21 @@ def _sync_devices(args: tuple, kwargs: dict) -> str | None:
     return None
 
 
-def _timed(func: Any, args: tuple, kwargs: dict) -> tuple[Any, float]:
-    """(result, seconds) of one operator call, the device synchronised at both ends."""
+def _timed(func: Any, args: tuple, kwargs: dict) -> tuple[Any, float, Callable[[], float]]:
+    """(result, seconds, clock) of one operator call. On an accelerator the device is synchronised at
+    both ends and the clock is the wall clock. On the CPU the clock is the calling thread's CPU time,
+    so that the time a busy host takes the core away is neither counted nor multiplied by the factor."""
     kind = _sync_devices(args, kwargs)
     mod = getattr(torch, kind, None) if kind else None
-    if mod is not None and hasattr(mod, "synchronize"):
-        mod.synchronize()
-    t0 = time.perf_counter()
+    sync = getattr(mod, "synchronize", None) if mod is not None else None
+    clock = time.perf_counter if kind else time.thread_time
+    if sync is not None:
+        sync()
+    t0 = clock()
     out = func(*args, **kwargs)
-    if mod is not None and hasattr(mod, "synchronize"):
-        mod.synchronize()
-    return out, time.perf_counter() - t0
+    if sync is not None:
+        sync()
+    return out, clock() - t0, clock
 
 
 class _Schedule:
@@ -76,10 +82,10 @@ class _Schedule:
         return cls._ALL[key]
 
 
-def busy_wait(seconds: float) -> None:
-    """Spin for ``seconds`` (sleep is too coarse for microsecond operators)."""
-    end = time.perf_counter() + seconds
-    while time.perf_counter() < end:
+def busy_wait(seconds: float, clock: Callable[[], float] = time.perf_counter) -> None:
+    """Spin for ``seconds`` of ``clock`` (sleep is too coarse for microsecond operators)."""
+    end = clock() + seconds
+    while clock() < end:
         pass
 
 
@@ -107,8 +113,8 @@ class ThrottleMode(FaultMode):
     def fault(self, func: Any, args: tuple, kwargs: dict) -> Any:
         if self.fraction < 1.0 and self.rng.random() >= self.fraction:
             return func(*args, **kwargs)
-        out, dt = _timed(func, args, kwargs)
-        busy_wait((self.factor - 1.0) * dt)
+        out, dt, clock = _timed(func, args, kwargs)
+        busy_wait((self.factor - 1.0) * dt, clock)
         return out
 
 
@@ -128,7 +134,7 @@ class StragglerMode(FaultMode):
             self.state.until = self.state.rng.expovariate(1.0 / self.every_s)
 
     def fault(self, func: Any, args: tuple, kwargs: dict) -> Any:
-        out, dt = _timed(func, args, kwargs)
+        out, dt, _clock = _timed(func, args, kwargs)
         st = self.state
         st.until -= dt
         if st.until <= 0:

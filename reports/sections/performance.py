@@ -2,7 +2,7 @@
 
 Charts, each from result rows only (never torch): GEMM throughput and memory/transfer bandwidth
 (``gemm_throughput``, ``memory_bandwidth``, ``transfer_bandwidth``); median step time per workload
-with its 95% interval (``step_time``); clocks, power and temperature over the sustained run
+with its 95% interval (``step_time``; ``step_time_disturbed`` labelled as not compared); clocks, power and temperature over the sustained run
 (``clock_trace``, one chart per workload and unit); for `mystique fleet`: one chart per compared
 figure with every device's value coloured by its outlier verdict (``fleet_member``,
 ``fleet_outlier``) and the expected slowdown of a synchronous job against its size
@@ -35,8 +35,8 @@ def _label(r: Any, multi: bool, *parts: str) -> str:
 
 
 def _rates(rows: SuiteRows) -> list[dict[str, Any]]:
-    df = rows.df[rows.df["check"].isin(("gemm_throughput", "memory_bandwidth", "transfer_bandwidth"))
-                 & (rows.df["status"] == "info")]
+    rates = ("gemm_throughput", "memory_bandwidth", "transfer_bandwidth")
+    df = rows.df[rows.df["check"].isin(rates + tuple(f"{c}_disturbed" for c in rates)) & (rows.df["status"] == "info")]
     out = []
     for check, g in df.groupby("check", sort=False):
         unit = str(g["unit"].iloc[0])
@@ -48,11 +48,12 @@ def _rates(rows: SuiteRows) -> list[dict[str, Any]]:
 
 
 def _steps(rows: SuiteRows) -> list[dict[str, Any]]:
-    df = rows.df[(rows.df["check"] == "step_time") & (rows.df["metric"] == "median_ms")]
+    df = rows.df[rows.df["check"].isin(("step_time", "step_time_disturbed")) & (rows.df["metric"] == "median_ms")]
     if not len(df):
         return []
     lows, highs = zip(*(_interval(d) for d in df["detail"]))
-    labels = [_label(r, rows.multi, r.subject) for r in df.itertuples()]
+    labels = [_label(r, rows.multi, r.subject, "(host too busy: not compared)" if r.check != "step_time" else "")
+              for r in df.itertuples()]
     svg = interval_points(labels, list(df["value"]), list(lows), list(highs), list(df["device"]),
                           title="Median step time under sustained load", xlabel="ms", xlim=None, uid=rows.ids())
     return [chart(svg, "Median step time of each reference workload's benchmark with its 95% interval.")]
@@ -123,7 +124,7 @@ def blocks(rows: SuiteRows) -> list[dict[str, Any]]:
         columns = run_column(rows.multi) + fields("status", "check", "subject", "dtype", "metric", "value",
                                                    "threshold", "detail")
         out.append(records_table(checks.itertuples(), columns, cls="performance-checks",
-                                 caption="Performance checks: drift, clocks, the injected mode's cost, the fleet"))
+                                 caption="Performance checks: host contention, drift, clocks, the injected mode's cost, the fleet"))
     return out
 
 

@@ -19,8 +19,9 @@ Options: ``baseline`` (results.csv files or folders of peers), ``duration`` (sec
 load in all, default 60 at quick and 600 at full), ``workloads`` (names or a comma list; default
 llama, dlrm, bert), ``margin`` (fleet margin, default 0.05), ``threads`` (CPU threads, default:
 the CPUs this process may use), ``paired`` (default True: with a mode injected, pair it against the
-device without it). ``out_dir`` receives ``step_times.csv`` (every step time, the
-fleet summary's per-step distribution) and the reference benchmarks.
+device without it). ``out_dir`` receives ``step_times.csv`` (every step: its seconds, the seconds this
+process's threads waited for a CPU during it, and whether that left it undisturbed (:mod:`.timed`);
+the fleet summary's per-step distribution) and the reference benchmarks.
 """
 
 from __future__ import annotations
@@ -120,7 +121,8 @@ def run(target: Any, *, level: str = "quick", seed: int = 0, groups: Iterable[st
             RUNNERS[name](ctx)
     if out_dir is not None and ctx.step_times:
         os.makedirs(out_dir, exist_ok=True)
-        write_table(os.path.join(out_dir, "step_times.csv"), ("subject", "step", "seconds"),
-                    [(s, i, t) for s, ts in ctx.step_times.items() for i, t in enumerate(ts)])
+        write_table(os.path.join(out_dir, "step_times.csv"), ("subject", "step", "seconds", "waited_s", "undisturbed"),
+                    [(s, i, t, w, int(ok)) for s, c in ctx.step_times.items()
+                     for i, (t, w, ok) in enumerate(zip(c.seconds, c.waited, c.flags))])
     return res.frame()
 

@@ -28,10 +28,14 @@ class PerformanceContext(GroupContext):
     settings: dict[str, Any] = field(default_factory=dict)
     measured: dict[tuple[str, str, str, str], Measured] = field(default_factory=dict)
     device_name: str = ""
-    step_times: dict[str, list[float]] = field(default_factory=dict)  # workload -> step seconds
+    step_times: dict[str, Any] = field(default_factory=dict)  # workload -> its steps (a timed.Calls)
 
     def record(self, check: str, subject: str, dtype: str, metric: str, m: Measured, detail: str) -> None:
         """One ``info`` row of a measured figure (its interval in the detail), kept for the fleet group."""
         self.measured[(check, subject, dtype, metric)] = m
+        self.record_only(check, subject, dtype, metric, m, detail)
+
+    def record_only(self, check: str, subject: str, dtype: str, metric: str, m: Measured, detail: str) -> None:
+        """The row of :meth:`record`, not kept for the fleet group (a figure the host disturbed)."""
         self.res.add(check, subject, metric, m.value, status="info", unit=m.unit, dtype=dtype,
                      detail=f"95% interval [{m.lo:.6g}, {m.hi:.6g}] {m.unit}; {detail}")

@@ -3,7 +3,7 @@
 A peer is one run of the performance validator on another device of the same model: its
 ``results.csv`` (``--baseline FILES``; a folder stands for its ``results.csv``). For each figure
 the device measured (GEMM throughput per dtype, memory and transfer bandwidth, each workload's
-median and p95 step time) the fleet is summarised robustly: its median ``M`` and its scaled MAD
+median, p95 and mean step time over the steps its host left undisturbed) the fleet is summarised robustly: its median ``M`` and its scaled MAD
 ``S`` (1.4826 x the median absolute deviation: the standard deviation of a normal fleet, unmoved by
 a few outliers). The device's slowdown against the fleet is ``value / M`` for a time and
 ``M / value`` for a rate, with the interval the device's own 95% interval gives it.
@@ -40,7 +40,7 @@ MIN_SPREAD_PEERS = 3
 #: the figures compared with the fleet: (check, metric) -> a rate (True) or a time (False)
 COMPARED: dict[tuple[str, str], bool] = {
     ("gemm_throughput", "tflops"): True, ("memory_bandwidth", "gbps"): True, ("transfer_bandwidth", "gbps"): True,
-    ("step_time", "median_ms"): False, ("step_time", "p95_ms"): False,
+    ("step_time", "median_ms"): False, ("step_time", "p95_ms"): False, ("step_time", "mean_ms"): False,
 }
 SYNC_NS: tuple[int, ...] = (1, 8, 64, 512, 4096, 32768, 100_000)
 _INTERVAL = re.compile(r"95% interval \[([-+0-9.eEinfa]+), ([-+0-9.eEinfa]+)\]")

@@ -2,8 +2,10 @@
 triad), host<->device transfers (pinned and pageable) on accelerators.
 
 Each figure is timed in repeated calls under ``target.active()`` (the device synchronised around
-each call) for the level's time budget, at least ``min_reps`` times; the row's value is the median
-rate with its 95% interval (order statistics). Where :mod:`.nominal` knows the device, a
+each call) for the level's time budget, and on until ``min_reps`` calls were undisturbed by the host
+(:mod:`.timed`); the row's value is the median rate of the undisturbed calls with its 95% interval
+by batch means (:func:`.stats.batch_interval`). A figure the host left too few undisturbed calls is
+a ``<check>_disturbed`` row, which the fleet does not compare. Where :mod:`.nominal` knows the device, a
 ``fraction_of_nominal`` row divides the median by the datasheet peak. Measured figures are
 ``info``: the fleet group judges them against peers.
 """
@@ -20,27 +22,8 @@ import torch
 
 from ._ctx import Measured, PerformanceContext
 from .nominal import lookup
-from .stats import quantile_interval
-
-
-def _rates(fn: Callable[[], Any], work: float, target: Any, budget_s: float, min_reps: int) -> list[float]:
-    """``work`` / seconds of each timed call of ``fn`` (after 2 untimed ones), for ``budget_s``."""
-    out: list[float] = []
-    with target.active():
-        for _ in range(2):
-            fn()
-        target.synchronize()
-        t_end = time.perf_counter() + budget_s
-        while len(out) < min_reps or time.perf_counter() < t_end:
-            target.synchronize()
-            t0 = time.perf_counter()
-            fn()
-            target.synchronize()
-            dt = time.perf_counter() - t0
-            out.append(work / dt if dt > 0 else float("nan"))
-            if len(out) >= 10_000:
-                break
-    return out
+from .stats import batch_interval
+from .timed import Calls, timed_calls
 
 
 @contextlib.contextmanager
@@ -103,22 +86,31 @@ def run_gemm(ctx: PerformanceContext) -> None:
             with _tf32(tf32):
                 k, fn = _sized_gemm(label, dtype, n, device, ctx.seed, s["micro_budget_s"] / s["min_reps"], target)
                 ctx.progress.note(f"GEMM {label} {k}x{k}x{k} on {target.label}")
-                rates = _rates(fn, 2.0 * k**3 / 1e12, target, s["micro_budget_s"], s["min_reps"])
+                calls = timed_calls(fn, target, seconds=s["micro_budget_s"], min_undisturbed=s["min_reps"],
+                            min_calls=s["min_reps"])
         except (RuntimeError, TypeError, NotImplementedError) as exc:
             ctx.res.add("gemm_throughput", f"gemm_{n}", "tflops", None, status="skip", dtype=label,
                         detail=f"{label} GEMM does not run on {target.label}: {str(exc).splitlines()[0][:200]}")
             continue
-        _record_rate(ctx, "gemm_throughput", f"gemm_{k}", label, "tflops", "TFLOP/s", rates,
-                     f"{len(rates)} timed {k}x{k}x{k} GEMMs (2n^3 flop each)"
+        _record_rate(ctx, "gemm_throughput", f"gemm_{k}", label, "tflops", "TFLOP/s", calls, 2.0 * k**3 / 1e12,
+                     f"{len(calls.seconds)} timed {k}x{k}x{k} GEMMs (2n^3 flop each)"
                      + ("; TF32 allowed" if tf32 else ""),
                      nominal.tflops.get(label) if nominal else None, nominal.source if nominal else "")
 
 
 def _record_rate(ctx: PerformanceContext, check: str, subject: str, dtype: str, metric: str, unit: str,
-                 rates: list[float], how: str, peak: float | None, source: str) -> None:
+                 calls: Calls, work: float, how: str, peak: float | None, source: str) -> None:
+    """The median rate (``work`` per second) of the undisturbed calls (all calls, as
+    ``<check>_disturbed``, when too few were)."""
+    rates = [work / t if t > 0 else float("nan") for t in calls.chosen]
     med = statistics.median(rates)
-    lo, hi = quantile_interval(rates, 0.5)
-    ctx.record(check, subject, dtype, metric, Measured(med, lo, hi, True, unit), f"{how}; median of the rates")
+    lo, hi = batch_interval(rates, statistics.median)
+    m = Measured(med, lo, hi, True, unit)
+    detail = f"{how}; median of the rates; {calls.describe()}"
+    if calls.enough:
+        ctx.record(check, subject, dtype, metric, m, detail)
+    else:  # the host was too busy: a figure, not compared with the fleet
+        ctx.record_only(f"{check}_disturbed", subject, dtype, metric, m, detail)
     if peak:
         ctx.res.add("fraction_of_nominal", f"{check}/{subject}", "fraction", med / peak, status="info",
                     dtype=dtype, threshold=None,
@@ -138,9 +130,10 @@ def run_memory(ctx: PerformanceContext) -> None:
              "triad": (lambda: torch.add(b, c, alpha=3.0, out=a), 3 * nbytes)}
     for name, (fn, moved) in cases.items():
         ctx.progress.note(f"memory {name} of {nbytes / 2**20:.0f} MiB arrays on {target.label}")
-        rates = _rates(fn, moved / 1e9, target, s["micro_budget_s"], s["min_reps"])
-        _record_rate(ctx, "memory_bandwidth", name, "float32", "gbps", "GB/s", rates,
-                     f"{len(rates)} timed {name}s of {nbytes} B float32 arrays ({moved} B read+written each)",
+        calls = timed_calls(fn, target, seconds=s["micro_budget_s"], min_undisturbed=s["min_reps"],
+                            min_calls=s["min_reps"])
+        _record_rate(ctx, "memory_bandwidth", name, "float32", "gbps", "GB/s", calls, moved / 1e9,
+                     f"{len(calls.seconds)} timed {name}s of {nbytes} B float32 arrays ({moved} B read+written each)",
                      nominal.memory_gbps if nominal else None, nominal.source if nominal else "")
 
 
@@ -158,9 +151,11 @@ def run_transfer(ctx: PerformanceContext) -> None:
         kind = "pinned" if pinned else "pageable"
         for direction, fn in (("h2d", lambda h=host: dev.copy_(h)), ("d2h", lambda h=host: h.copy_(dev))):
             ctx.progress.note(f"{direction} {kind} {nbytes / 2**20:.0f} MiB on {target.label}")
-            rates = _rates(fn, nbytes / 1e9, target, s["micro_budget_s"], s["min_reps"])
-            _record_rate(ctx, "transfer_bandwidth", f"{direction}_{kind}", "float32", "gbps", "GB/s", rates,
-                         f"{len(rates)} timed {direction} copies of {nbytes} B ({kind} host memory)", None, "")
+            calls = timed_calls(fn, target, seconds=s["micro_budget_s"], min_undisturbed=s["min_reps"],
+                            min_calls=s["min_reps"])
+            _record_rate(ctx, "transfer_bandwidth", f"{direction}_{kind}", "float32", "gbps", "GB/s", calls,
+                         nbytes / 1e9,
+                         f"{len(calls.seconds)} timed {direction} copies of {nbytes} B ({kind} host memory)", None, "")
 
 
 def run_micro(ctx: PerformanceContext) -> None:

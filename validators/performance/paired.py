@@ -23,27 +23,11 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-
 from mystique.faults import PassThroughMode
 from mystique.timing import paired_rounds
 
 from ._ctx import PerformanceContext
-from .stats import slowdown_verdict
-
-BOOTSTRAP = 2000
-
-
-def bootstrap_sum_ratio(a: list[float], b: list[float], seed: int, level: float = 0.95) -> tuple[float, float]:
-    """Percentile-bootstrap ``level`` interval of ``sum(a) / sum(b)`` over paired rounds."""
-    x, y = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
-    if len(x) < 2:
-        return (float("nan"), float("nan"))
-    rng = np.random.default_rng(seed)
-    idx = rng.integers(0, len(x), size=(BOOTSTRAP, len(x)))
-    ratios = x[idx].sum(axis=1) / y[idx].sum(axis=1)
-    alpha = (1.0 - level) / 2.0
-    return float(np.quantile(ratios, alpha)), float(np.quantile(ratios, 1.0 - alpha))
+from .stats import BOOTSTRAP, bootstrap_sum_ratio, slowdown_verdict
 
 
 def run_paired(ctx: PerformanceContext, subject: str, executor: Any, seconds: float) -> None:

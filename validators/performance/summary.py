@@ -12,7 +12,7 @@ model among the results:
   job of N devices drawn from this fleet, ``E[max of N draws] / median``, from the empirical CDF
   (:func:`.stats.expected_max`). Two distributions: ``device medians`` (each device's median step
   time: persistent device-to-device differences) and, where a run's ``step_times.csv`` lies beside
-  its results, ``pooled steps`` (every device's step-time distribution, 200 quantiles each so every
+  its results, ``pooled steps`` (every device's undisturbed steps (:mod:`.timed`), 200 quantiles each so every
   device weighs the same: step-to-step jitter too, as a job whose N devices each draw one step).
   N beyond the fleet's size extrapolates nothing: the maximum of the empirical distribution bounds it.
 """
@@ -38,6 +38,7 @@ from .fleet import (
     sync_slowdown,
 )
 from .stats import quantile, robust_center
+from .timed import MIN_UNDISTURBED
 
 QUANTILES_PER_DEVICE = 200
 
@@ -54,7 +55,10 @@ def _pooled_steps(paths: Sequence[Path], subject: str) -> list[float]:
         if not f.is_file():
             continue
         df = pd.read_csv(f)
-        xs = [float(x) * 1e3 for x in df.loc[df["subject"] == subject, "seconds"]]
+        keep = df["subject"] == subject
+        if "undisturbed" in df and (df.loc[keep, "undisturbed"] == 1).sum() >= MIN_UNDISTURBED:
+            keep &= df["undisturbed"] == 1  # the steps the host left alone (see .timed)
+        xs = [float(x) * 1e3 for x in df.loc[keep, "seconds"]]
         if xs:
             pooled += [quantile(xs, (i + 0.5) / QUANTILES_PER_DEVICE) for i in range(QUANTILES_PER_DEVICE)]
     return pooled

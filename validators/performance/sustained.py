@@ -5,10 +5,16 @@ generated into a plan) is replayed by the executor on the device under test, ins
 ``target.active()``, step after step for its share of ``duration`` seconds, while
 :class:`.clocks.ClockSampler` samples clocks. Rows per workload:
 
-* ``step_time`` (info): median, p05, p95, p99 and mean step time (ms), each median-like figure with
-  its 95% interval; ``step_cv`` and ``steps`` (info); ``stalls`` (info): steps longer than 3x the median.
-* ``throughput_drift`` (check): the median step time of the last third of the steps over that of
-  the first third, with a conservative 95% interval (:func:`.stats.ratio_interval`). It fails when
+* ``host_contention`` (check): how many steps the host left undisturbed (:mod:`.timed`: this
+  process's threads waited for a CPU at most 0.5% of the step); pass with at least 30, else
+  inconclusive: the host was too busy for the figures to be the device's.
+* ``step_time`` (info): median, p05, p95, p99 and mean step time (ms) over the undisturbed steps,
+  each with its 95% interval by batch means (:func:`.stats.batch_interval`: consecutive steps are not
+  independent, so an iid interval would let a neighbour's busy phase carry the figure); ``step_cv`` and ``stalls``
+  (info): steps longer than 3x the median. With too few undisturbed steps the same figures over all
+  steps are ``step_time_disturbed`` rows, which the fleet does not compare.
+* ``throughput_drift`` (check): the median step time of the last third of the (undisturbed) steps
+  over that of the first third, with a conservative 95% interval (:func:`.stats.ratio_interval`). It fails when
   the whole interval lies above ``1 + drift_tolerance`` (the device slowed down under load by more
   than the tolerance, with confidence), passes when it lies at or below, else is inconclusive.
   The tolerance (10%) is the size of the clock steps of thermal and power capping
@@ -24,8 +30,6 @@ generated into a plan) is replayed by the executor on the device under test, ins
 from __future__ import annotations
 
 import statistics
-import time
-from typing import Any
 
 from mystique.validators.correctness import benchmarks as bm
 
@@ -35,29 +39,11 @@ from mystique.timing import loadavg
 from ._ctx import Measured, PerformanceContext
 from .clocks import THROTTLE_BITS, ClockSampler
 from .paired import run_paired
-from .stats import cv, quantile, quantile_interval, ratio_interval, slowdown_verdict
+from .stats import batch_interval, cv, quantile, quantile_interval, ratio_interval, slowdown_verdict
+from .timed import CAP, MIN_UNDISTURBED, Calls, timed_calls
 
 STALL_FACTOR = 3.0
 MAX_TRACE_POINTS = 60
-
-
-def _steps(executor: Any, target: Any, seconds: float, warmup: int) -> tuple[list[float], list[float]]:
-    """(step seconds, step start times) of steps run back to back for ``seconds`` after ``warmup``."""
-    times: list[float] = []
-    starts: list[float] = []
-    with target.active():
-        executor.probe()
-        for _ in range(warmup):
-            executor.run_iteration()
-        target.synchronize()
-        t_start = time.perf_counter()
-        while time.perf_counter() - t_start < seconds or len(times) < 6:
-            t0 = time.perf_counter()
-            executor.run_iteration()
-            target.synchronize()
-            times.append(time.perf_counter() - t0)
-            starts.append(t0 - t_start)
-    return times, starts
 
 
 def run_sustained(ctx: PerformanceContext) -> None:
@@ -73,32 +59,51 @@ def run_sustained(ctx: PerformanceContext) -> None:
             sampler = ClockSampler(ctx.target.device).start()
             load = loadavg()
             try:
-                times, _starts = _steps(executor, ctx.target, share, s["warmup_steps"])
+                with ctx.target.active():
+                    executor.probe()
+                calls = timed_calls(executor.run_iteration, ctx.target, seconds=share,
+                                    min_undisturbed=MIN_UNDISTURBED, warmup=s["warmup_steps"])
             finally:
                 samples = sampler.stop()
-            ctx.step_times[bench.subject] = times
-            _distribution_rows(ctx, bench.subject, times, f"host load average {load} -> {loadavg()}")
-            _drift_row(ctx, bench.subject, times)
+            ctx.step_times[bench.subject] = calls
+            _contention_row(ctx, bench.subject, calls)
+            _distribution_rows(ctx, bench.subject, calls, f"host load average {load} -> {loadavg()}")
+            _drift_row(ctx, bench.subject, calls.chosen)
             _clock_rows(ctx, bench.subject, sampler, samples)
             if ctx.target.mode_factory is not None and s["paired"]:
                 run_paired(ctx, bench.subject, executor, share * s["paired_share"])
 
 
-def _distribution_rows(ctx: PerformanceContext, subject: str, times: list[float], load: str) -> None:
-    ms = [t * 1e3 for t in times]
-    how = f"{len(ms)} steps run back to back on {ctx.target.label}; {load} (1, 5, 15 min)"
+def _contention_row(ctx: PerformanceContext, subject: str, calls: Calls) -> None:
+    """``host_contention``: pass with enough undisturbed steps to compare, inconclusive without."""
+    k = len(calls.undisturbed)
+    ctx.res.add("host_contention", subject, "undisturbed_steps", k, threshold=calls.min_undisturbed,
+                status="pass" if calls.enough else "inconclusive", dtype="float32",
+                detail=f"{calls.describe()}; {MIN_UNDISTURBED} undisturbed steps are needed for the p95's "
+                       f"interval (the budget was extended up to {CAP:g}x to collect them)")
+
+
+def _distribution_rows(ctx: PerformanceContext, subject: str, calls: Calls, load: str) -> None:
+    ms = [t * 1e3 for t in calls.chosen]
+    how = f"{len(ms)} of {len(calls.seconds)} steps run back to back on {ctx.target.label}: {calls.describe()}; {load} (1, 5, 15 min)"
+    check = "step_time" if calls.enough else "step_time_disturbed"  # a disturbed figure is not compared
+    record = ctx.record if calls.enough else ctx.record_only
+    how += ("; intervals by batch means (the figure of each of up to 10 consecutive batches of steps, the "
+            "order-statistics interval of their median: steps in a row are not independent)")
     for q, metric in ((0.5, "median_ms"), (0.05, "p05_ms"), (0.95, "p95_ms"), (0.99, "p99_ms")):
-        lo, hi = quantile_interval(ms, q)
-        ctx.record("step_time", subject, "float32", metric, Measured(quantile(ms, q), lo, hi, False, "ms"), how)
-    mean = statistics.fmean(ms)
-    ctx.res.add("step_time", subject, "mean_ms", mean, unit="ms", status="info", dtype="float32", detail=how)
+        lo, hi = batch_interval(ms, lambda xs, q=q: quantile(xs, q))
+        record(check, subject, "float32", metric, Measured(quantile(ms, q), lo, hi, False, "ms"), how)
+    lo, hi = batch_interval(ms, statistics.fmean)
+    record(check, subject, "float32", "mean_ms", Measured(statistics.fmean(ms), lo, hi, False, "ms"),
+           f"{how}; occasional stalls move the mean, not the median")
     ctx.res.add("step_cv", subject, "cv", cv(ms), status="info", dtype="float32",
                 detail=f"standard deviation over mean of {len(ms)} step times")
     med = statistics.median(ms)
     stalls = [x for x in ms if x > STALL_FACTOR * med]
     ctx.res.add("stalls", subject, "steps", len(stalls), status="info", dtype="float32",
-                detail=f"steps longer than {STALL_FACTOR:g}x the median ({med:.4g} ms)"
-                       + (f": longest {max(stalls):.4g} ms" if stalls else ""))
+                detail=f"of {len(ms)} steps, those longer than {STALL_FACTOR:g}x the median ({med:.4g} ms)"
+                       + (f": longest {max(stalls):.4g} ms" if stalls else "")
+                       + ("" if calls.enough else "; the host disturbed these steps: stalls may be its"))
 
 
 def _thirds(xs: list[float]) -> tuple[list[float], list[float]]:
