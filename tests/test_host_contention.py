@@ -138,3 +138,32 @@ def test_a_transient_slow_phase_moves_the_batch_interval_of_a_tail_figure_less_t
     lo_batch, _ = stats.batch_interval(series, lambda v: stats.quantile(v, 0.95))
     lo_iid, _ = stats.quantile_interval(series, 0.95)
     assert lo_batch <= 2.0 and lo_iid == 10.0
+
+
+def _drift(times_ms: list[float]) -> pd.Series:
+    from mystique.validators.performance import LEVELS, PerformanceContext
+    from mystique.validators.performance.sustained import _drift_row
+
+    from mystique.progress import Progress
+
+    res = results.Results(results.RunContext(device="cpu", device_name="cpu"), "performance")
+    ctx = PerformanceContext(target=None, res=res, seed=0, level="quick", progress=Progress("t"),
+                             settings=dict(LEVELS["quick"]), device_name="cpu")
+    _drift_row(ctx, "w", [t / 1e3 for t in times_ms])
+    return res.frame().iloc[0]
+
+
+def _steady(n: int, ms: float) -> list[float]:
+    return [ms * (1 + 0.002 * (i % 7)) for i in range(n)]
+
+
+def test_a_device_that_slows_under_load_fails_the_drift_check():
+    row = _drift(_steady(200, 10.0) + _steady(100, 12.5))  # the last third 25% slower, every step
+    assert row["status"] == "fail" and row["value"] > 1.2
+
+
+def test_a_neighbours_passing_phase_does_not_fail_the_drift_check():
+    last = _steady(100, 10.0)
+    last[10:80] = [13.0] * 70  # 70% of the last third slowed by a phase no run-queue count sees
+    row = _drift(_steady(200, 10.0) + last)
+    assert row["status"] == "pass" and row["value"] < 1.02
