@@ -16,6 +16,7 @@ from . import (  # noqa: F401
     cmd_capture,
     cmd_demo,
     cmd_fleet,
+    cmd_fleet_campaign,
     cmd_info,
     cmd_onnx,
     cmd_overhead,

@@ -10,7 +10,8 @@ figures; a run is flagged when any of its fleet rows fails. The paired mode rows
 (they would flag the fault by themselves): this measures the fleet comparison alone.
 
 Returns the campaign's rows (suite ``performance``: ``campaign_flagged`` per side, with
-``campaign_run`` rows per run) and writes each run's results under ``out_dir``.
+``campaign_run`` rows per run) and writes each run's results under ``out_dir``. The command is
+``mystique fleet-campaign``.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from typing import Any
 import pandas as pd
 
 from mystique import results
+from mystique.errors import UsageError
 from mystique.progress import Progress
 from mystique.targets import make_target
 
@@ -58,12 +60,21 @@ def _flag(figs: dict, peers: list[dict], margin: float) -> tuple[bool, int, str]
 
 def campaign(out_dir: str | os.PathLike, *, runs: int = 20, fault: str = "throttle", duration: float = 4.0,
              workloads: str = "dlrm", busy_s: float = 0.5, period_s: float = 2.0, margin: float = DEFAULT_MARGIN,
-             seed: int = 0) -> pd.DataFrame:
+             seed: int = 0, device: str = "cpu") -> pd.DataFrame:
+    """Run the campaign (see the module docstring); UsageError for settings that cannot be run."""
+    from . import _workloads
     from . import run as perf_run
 
+    if runs < 3:
+        raise UsageError(f"runs {runs}: a fleet needs at least 3 healthy runs to estimate its spread")
+    if not duration > 0:
+        raise UsageError(f"duration {duration:g} must be positive (seconds)")
+    if not (period_s > 0 and 0 <= busy_s <= period_s):
+        raise UsageError(f"--busy {busy_s:g},{period_s:g}: the busy seconds must lie within a positive period")
+    _workloads(workloads)  # unknown names: refused before anything runs
+    healthy_t, faulty_t = make_target(device), make_target(device, fault)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    healthy_t, faulty_t = make_target("cpu"), make_target("cpu", fault)
     busy = subprocess.Popen([sys.executable, "-c", _BUSY, str(busy_s), str(period_s)]) if busy_s > 0 else None
     progress = Progress("campaign", total=2 * runs)
     frames: dict[str, list[pd.DataFrame]] = {"healthy": [], "faulty": []}
