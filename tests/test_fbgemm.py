@@ -10,9 +10,10 @@ import math
 import tarfile
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from mystique.validators.soft_errors.abft.fbgemm import fbgemm_available
 
@@ -270,6 +271,74 @@ def test_checked_fbgemm_lookups_pass_clean_and_catch_a_flipped_code_bit():
     assert torch_mean.status == "info" and "FBGEMM's MEAN lookup" in torch_mean.detail
 
 
+#: what a hypothesis example flips in a looked-up row: the top bit of code byte 0, or bit 14 (the top exponent
+#: bit) of the fp16 scale or bias (byte 1 or 3 of the row's scale_shift, little-endian)
+_FLIPS = {"code": (None, 0, 0x80), "scale": ("sb", 1, 0x40), "bias": ("sb", 3, 0x40)}
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.sampled_from((8, 4)), st.sampled_from(("sum", "mean")), st.sampled_from((8, 16, 24, 64)),
+       st.lists(st.integers(0, 7), min_size=1, max_size=12), st.sampled_from(sorted(_FLIPS)), st.data())
+def test_the_compiled_fbgemm_check_decides_as_the_torch_path_clean_and_with_a_flipped_row(bits, mode, d, lengths,
+                                                                                          flip, data):
+    """The compiled check of a checked FBGEMM lookup (one kernel over the int32 indices FBGEMM was given)
+    against the torch path (``_kernels.disabled()``): no alarm on a clean lookup, and a flipped code, scale
+    or bias bit of a looked-up row raises the alarm in the bag that looked it up, with the same bags."""
+    _need_fbgemm()
+    from mystique.validators.soft_errors import _kernels
+    from mystique.validators.soft_errors.abft.fbgemm import FbgemmTable, checked_fbgemm_embedding_bag
+
+    g = torch.Generator().manual_seed(data.draw(st.integers(0, 2**31 - 1), label="seed"))
+    rows = data.draw(st.integers(1, 40), label="rows")
+    table = FbgemmTable.from_float(torch.randn(rows, d, generator=g) * 3, bits, mode)
+    n = sum(lengths)
+    idx = torch.randint(0, rows, (n,), generator=g, dtype=data.draw(st.sampled_from((torch.int64, torch.int32))))
+    off = torch.tensor([0, *lengths[:-1]]).cumsum(0).to(idx.dtype)
+
+    def both() -> tuple:
+        out, rep = checked_fbgemm_embedding_bag(table, idx, off)
+        with _kernels.disabled():
+            _, ref_rep = checked_fbgemm_embedding_bag(table, idx, off)
+        return out, rep, ref_rep
+
+    out, rep, ref_rep = both()
+    assert not rep.alarm and not ref_rep.alarm and rep.checked, (rep.describe(), ref_rep.describe())
+    assert out.shape == (len(lengths), d)
+    if not n:
+        return
+    pos = data.draw(st.integers(0, n - 1), label="position")
+    bag = int((off <= pos).nonzero().max())  # the last bag starting at or before pos: the one holding it
+    packed, sb = table.tbe.split_embedding_weights(split_scale_shifts=True)[0]
+    which, byte, mask = _FLIPS[flip]
+    (sb if which else packed)[int(idx[pos]), byte] ^= mask
+    _, rep, ref_rep = both()
+    assert rep.alarm and bag in rep.rows, (flip, bag, rep.describe())
+    assert rep.rows == ref_rep.rows, (rep.describe(), ref_rep.describe())
+
+
+def test_a_checked_fbgemm_lookup_is_one_compiled_call_over_the_indices_fbgemm_was_given(monkeypatch):
+    # the check after FBGEMM's lookup: one kernel (gather, sums, verdict) reading the int32 indices and offsets
+    # FBGEMM took (no int64 copy of its own), and no torch pass of the reference
+    _need_fbgemm()
+    from mystique.validators.soft_errors import _kernels
+    from mystique.validators.soft_errors.abft import bag_verdict
+    from mystique.validators.soft_errors.abft.fbgemm import FbgemmTable, checked_fbgemm_embedding_bag
+
+    if not _kernels.available():
+        pytest.skip("the compiled kernels are turned off")
+    g = torch.Generator().manual_seed(5)
+    table = FbgemmTable.from_float(torch.randn(50, 16, generator=g), 8, "sum")
+    idx, off = torch.randint(0, 50, (40,), generator=g), torch.arange(0, 40, 8)
+    calls = []
+    real = _kernels.raw
+    monkeypatch.setattr(bag_verdict, "raw", lambda name: calls.append(name) or (
+        lambda *a: calls.append(a[3].dtype) or real(name)(*a)))
+    monkeypatch.setattr(bag_verdict, "_pooled", lambda *a, **k: pytest.fail("the torch path ran"))
+    out, rep = checked_fbgemm_embedding_bag(table, idx, off)
+    assert not rep.alarm and calls == ["bag_verdict", np.int32], calls
+    assert torch.equal(out, table.lookup(idx, off))
+
+
 def test_fbgemm_overhead_rows_come_from_paired_rounds_with_an_interval():
     _need_fbgemm()
     from mystique.validators import soft_errors
@@ -279,7 +348,8 @@ def test_fbgemm_overhead_rows_come_from_paired_rounds_with_an_interval():
     df = soft_errors.run(Target("cpu"), groups=["overhead_fbgemm"], overhead_tables=((2000, 16, 64, 4),),
                          overhead_reps=1)
     rows = df[df.metric == "abft_overhead"]
-    assert sorted(rows.subject) == ["fbgemm_4bit_2000x16_b64_l4", "fbgemm_8bit_2000x16_b64_l4"]
+    assert sorted(rows.subject) == ["fbgemm_4bit_2000x16_b64_l4", "fbgemm_4bit_mean_2000x16_b64_l4",
+                                    "fbgemm_8bit_2000x16_b64_l4", "fbgemm_8bit_mean_2000x16_b64_l4"]
     assert all("95% interval" in d for d in rows.detail) and set(rows.status) <= {"pass", "fail", "inconclusive"}
 
 

@@ -840,7 +840,9 @@ def test_protect_runs_the_fused_lookup_keeps_outputs_and_restores_the_module():
                 bag(idx, off)
         assert "forward" not in bag.__dict__ and not bag._forward_hooks and not bag._forward_pre_hooks
     assert torch.equal(got, want) and torch.equal(got_kw, want)
-    assert names.count("bag_lookup") == 3 and names.count("bag_out_verdict") == 3
+    # the lookup checks its bags in its own pass; the hook passes over the output again only where another
+    # forward hook ran before it (the injected flip)
+    assert names.count("bag_lookup") == 3 and names.count("bag_out_verdict") == 1
     assert guard.checks == 3 and recs and len(guard.alarms) == 1
     # the output flip came after the lookup: the hook's pass over the output saw it
     assert guard.alarms[0].call == 3

@@ -26,6 +26,8 @@ PREFETCH = 16
 UNROLL = 4
 
 jit = numba.njit(**NJIT)
+#: the same without reassoc: loops LLVM must not vectorize (a scalar gather)
+strict = numba.njit(**{**NJIT, "fastmath": {"contract"}})
 
 
 @jit
@@ -148,48 +150,81 @@ def linear_exact(lo, hi, x, vt, vw, y, w, rnorm, factor, det, tiny, ref, got, na
 
 
 @jit
-def bag_verdict(lo, hi, out, idx, off, rowsum, psw, mean, c_lb, tiny, ref, got):  # pragma: no cover
-    # bags [lo, hi); bag b spans idx[off[b]:off[b+1]] (the last to the end); ref_b = pooled row sums
-    # (fp64), got_b = sum_d out_bd (fp32), written to ref and got; lb_b = c_lb ||out_b||_2 + tiny;
-    # returns max_b |got_b - ref_b| / lb_b, NaN if anything is not finite, -1 if an index or an
-    # offset is out of range (ref and got then incomplete)
-    nb, d = out.shape
+def indices_in(idx, rows):  # pragma: no cover - compiled
+    # whether 0 <= idx_i < rows for all i (a min / max reduction, vectorized: ~2% of a lookup's time)
+    lo = 0
+    hi = 0
+    for i in range(idx.shape[0]):
+        lo = min(lo, idx[i])
+        hi = max(hi, idx[i])
+    return lo >= 0 and (idx.shape[0] == 0 or hi < rows)
+
+
+@strict
+def pooled_refs(lo, hi, idx, off, rowsum, psw, mean, ref):  # pragma: no cover - compiled
+    # bags [lo, hi): ref_b = sum_{i in bag b} rowsum[idx_i] (* psw_i) in fp64 (two accumulators), divided by
+    # the bag's length with mean; bag b spans idx[off[b]:off[b+1]] (the last to the end). Returns 0, or -1 if
+    # an index or an offset is out of range (ref then incomplete). Unsigned subscripts (each checked
+    # first): a signed one costs Numba's negative-index wraparound, which doubled this gather's time; no
+    # reassoc (a strict jit): LLVM's vectorized gather was slower than scalar loads on the hosts measured
     n = idx.shape[0]
-    rows = rowsum.shape[0]
+    nb = ref.shape[0]
+    if not indices_in(idx, rowsum.shape[0]):
+        return -1.0
     weighted = psw.shape[0] > 0
-    worst = 0.0
-    finite = True
-    bad = False
+    one = np.uint64(1)
     for bg in range(lo, hi):
         s = off[bg]
         e = off[bg + 1] if bg + 1 < nb else n
         if s < 0 or e > n:
             return -1.0
-        r = 0.0
-        for i in range(s, e):
-            j = idx[i]
-            bad |= (j < 0) | (j >= rows)  # (no branch in the gather loop: 10% faster; clamped to stay in
-            j = min(max(j, 0), rows - 1)  # the table, and the call reports -1 at the end)
+        r0 = r1 = 0.0
+        i = np.uint64(s)
+        stop = np.uint64(max(s, e))
+        while i + one < stop:
+            j0 = np.uint64(idx[i])
+            j1 = np.uint64(idx[i + one])
             if weighted:
-                r += np.float64(rowsum[j]) * psw[i]
+                r0 += np.float64(rowsum[j0]) * psw[i]
+                r1 += np.float64(rowsum[j1]) * psw[i + one]
             else:
-                r += rowsum[j]
+                r0 += rowsum[j0]
+                r1 += rowsum[j1]
+            i += np.uint64(2)
+        if i < stop:
+            j0 = np.uint64(idx[i])
+            r0 += np.float64(rowsum[j0]) * psw[i] if weighted else np.float64(rowsum[j0])
+        r = r0 + r1
         if mean and e - s > 1:
             r /= e - s
+        ref[np.uint64(bg)] = r
+    return 0.0
+
+
+@jit
+def bag_verdict(lo, hi, out, idx, off, rowsum, psw, mean, c_lb, tiny, ref, got):  # pragma: no cover
+    # bags [lo, hi); bag b spans idx[off[b]:off[b+1]] (the last to the end; offsets that also hold the end, as
+    # FBGEMM's, give the same bags); ref_b = pooled row sums (fp64, pooled_refs), got_b = sum_d out_bd (fp64),
+    # written to ref and got; lb_b = c_lb ||out_b||_2 + tiny; returns max_b |got_b - ref_b| / lb_b, NaN if
+    # anything is not finite, -1 if an index or an offset is out of range (ref and got then incomplete)
+    if pooled_refs(lo, hi, idx, off, rowsum, psw, mean, ref) == -1.0:
+        return -1.0
+    d = out.shape[1]
+    worst = 0.0
+    finite = True
+    for bg in range(lo, hi):
         g = 0.0  # the output's sum in fp64 (as the exact path's), its square norm in fp32
         sq = np.float32(0.0)
         for k in range(d):
             x = out[bg, k]
             g += x
             sq += x * x
-        ref[bg] = r
         got[bg] = g
+        r = ref[bg]
         if abs(r) < math.inf and sq < math.inf:  # an overflowing square (|x| > 1.8e19) is no verdict
             worst = max(worst, abs(g - r) / (c_lb * math.sqrt(sq) + tiny))
         else:
             finite = False
-    if bad:
-        return -1.0
     return worst if finite else math.nan
 
 
@@ -396,17 +431,6 @@ chunk128, chunk64, chunk16, chunk1 = (_row_chunk(nv, w) for nv, w in ((8, 16), (
 
 
 @jit
-def indices_in(idx, rows):  # pragma: no cover - compiled
-    # whether 0 <= idx_i < rows for all i (a min / max reduction, vectorized: ~2% of a lookup's time)
-    lo = 0
-    hi = 0
-    for i in range(idx.shape[0]):
-        lo = min(lo, idx[i])
-        hi = max(hi, idx[i])
-    return lo >= 0 and (idx.shape[0] == 0 or hi < rows)
-
-
-@jit
 def _more(g, a, part):  # pragma: no cover - compiled
     # a further column chunk's (output sum, 1-norm) added to the bag's
     return g + part[1], a + part[2]
@@ -435,9 +459,9 @@ def bag_lookup(lo, hi, table, idx, off, out, rowsum, psw, mean, check, c_lb, tin
         div = np.float32(e - s) if mean and e > s else np.float32(1.0)
         r = g = a = 0.0
         c = 0
-        # (chunks of 128 columns only for 8-bit rows: with float32 rows two chunks of 64 are faster, 8.7% of
-        # a 100000 x 128 lookup measured on this host)
-        if d >= 128 and table.itemsize == 1:  # the first chunk also sums the reference
+        # (chunks of 128 columns for both row types: a bag's rows are read in one pass over its indices, which
+        # matters where they are not in the caches; two passes of 64 columns were faster only on warm rows)
+        if d >= 128:  # the first chunk also sums the reference
             r, g, a = chunk128(table, idx, s, e, 0, out, bg, div, rowsum, psw, d, True)
             c = 128
         elif d >= 64:
@@ -449,7 +473,7 @@ def bag_lookup(lo, hi, table, idx, off, out, rowsum, psw, mean, check, c_lb, tin
         elif d >= 1:
             r, g, a = chunk1(table, idx, s, e, 0, out, bg, div, rowsum, psw, d, True)
             c = 1
-        while c + 128 <= d and table.itemsize == 1:
+        while c + 128 <= d:
             g, a = _more(g, a, chunk128(table, idx, s, e, c, out, bg, div, rowsum, psw, d, False))
             c += 128
         while c + 64 <= d:

@@ -5,7 +5,8 @@ difference is the resolution of the measurement at that moment) and the checked 
 validators and :func:`~.protect.protect` use, in one process, interleaved: every round runs every
 function once, in a fresh seeded random order (a fixed rotation would always run the same function
 right after another and hand it that one's warm caches), and all functions read the same operands
-and tables, so that their residency in the caches is alike. The overhead is the median over rounds of
+and tables, so that their residency in the caches is alike; a table comparison draws fresh random
+indices before every call, so that no call finds rows its predecessor in the round just loaded. The overhead is the median over rounds of
 the paired ratio ``checked_r / unchecked_r`` minus one (pairs taken in the same round share the
 state of the host, which a ratio of medians would not), with a distribution-free 95% interval of
 that median from the order statistics of the ratios (binomial ranks).
@@ -60,6 +61,11 @@ def embedding_bag_target(device: str) -> float:
     """The EmbeddingBag overhead target on ``device`` (see :data:`TARGETS`)."""
     return TARGETS["embedding_bag" if torch.device(device).type == "cpu" else "embedding_bag_accelerator"]
 GEMM_TARGET_MIN_N = 1024
+#: Table comparisons draw fresh random indices before every call (untimed), not once per round: with the
+#: indices of the round, every call but the first found the rows the first one had just brought into the
+#: caches, so each path's time depended on where the shuffle put it (with 9 paths a round, fp32
+#: checked_embedding_bag measured +31% one way and +20% with 4 paths a round on this host)
+FRESH_INDICES = ", fresh random indices for every call (untimed)"
 #: Rounds of a table comparison per ``reps``: a lookup is short and its time varies with the fresh
 #: indices of each round, so the median needs many more rounds than a GEMM's to resolve a few percent
 TABLE_ROUNDS = 10
@@ -104,10 +110,11 @@ def _clock(device: str, threads: int) -> tuple[Callable[[], float], str, float]:
 
 def time_interleaved(fns: dict[str, Callable[[], Any]], reps: int, *, device: str, threads: int,
                      sync: Callable[[], None], prepare: Callable[[int], None] | None = None,
-                     seed: int = 0) -> Timings:
+                     seed: int = 0, before_each: Callable[[str], None] | None = None) -> Timings:
     """Time every function of ``fns`` once per round for ``reps`` rounds, in a seeded random order each round.
 
-    ``prepare(r)`` runs untimed before round ``r`` (fresh inputs). Returns the :class:`Timings`.
+    ``prepare(r)`` runs untimed before round ``r`` (fresh inputs), ``before_each(name)`` untimed before each
+    call (fresh inputs per call). Returns the :class:`Timings`.
     """
     rng = random.Random(seed)
     clock, name, resolution = _clock(device, threads)
@@ -128,6 +135,8 @@ def time_interleaved(fns: dict[str, Callable[[], Any]], reps: int, *, device: st
         order = keys[:]
         rng.shuffle(order)
         for k in order:
+            if before_each is not None:
+                before_each(k)
             sync()
             w0, t0 = time.perf_counter(), clock()
             if events is not None:
@@ -259,6 +268,10 @@ class EmbeddingFunctions:
     def prepare(self, r: int) -> None:
         self.idx = torch.randint(0, self.rows, (self.n,), generator=self.g).to(self.device)
 
+    def before_each(self, name: str) -> None:
+        """Fresh indices for every call (see :data:`FRESH_INDICES`)."""
+        self.prepare(0)
+
     def _ok(self, out_rep: tuple[Any, CheckReport]) -> Any:
         out, rep = out_rep
         if rep.alarm:
@@ -296,8 +309,8 @@ EMBEDDING_COMPARISONS = (
      "checked 8-bit row-wise lookup (compiled, bitwise fbgemm's, row-sum gather and check in the same pass) vs "
      "torch's fused 8-bit kernel"),
     ("protect_embedding_bag", "protected_embedding_bag_module", "embedding_bag_module", "float32",
-     "nn.EmbeddingBag under protect() (its forward the compiled lookup with the row-sum gather; the hook checks "
-     "the output) vs plain"),
+     "nn.EmbeddingBag under protect() (its forward the compiled lookup with the row-sum gather, each bag checked "
+     "in the same pass; no forward hook unless another one is registered) vs plain"),
 )
 EMBEDDING_FLOORS = (
     ("embedding_bag_gather_floor", "embedding_bag_bare_gather", "embedding_bag",

@@ -12,7 +12,10 @@ output (:func:`.abft.verify_linear`; on the CPU the pass over the input in a for
 the product); an Embedding or EmbeddingBag, a gather of the R x 1 row sums
 with the same indices plus one pass over the output (:func:`.abft.verify_bag_output`; on the CPU
 prepared by a forward pre-hook, so that the hook after the lookup is one compiled call, and for an
-EmbeddingBag without autograd the gather is fused into the lookup itself).
+EmbeddingBag without autograd the gather and the check are fused into the lookup itself). An
+EmbeddingBag's replaced ``forward`` takes the verdict itself where no forward hook is registered (a
+module with hooks costs more per call); where one is, it registers the guard's hook after them, so
+that the verdict is on the output as they leave it.
 
 Linear layers are verified at the precision of their output: fp32 layers with the fp32 GEMM bound;
 bf16/fp16 layers (whose fp32 accumulator is gone once the hook sees the output) with the output's
@@ -29,12 +32,14 @@ protected module inside CUDA graph capture is refused with one line (:func:`refu
 
 from __future__ import annotations
 
+import functools
 import types
 from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 from torch import nn
+from torch.nn.modules import module as _torch_module
 
 from mystique.dtypes import HALF_DTYPES
 from mystique.dtypes import name as dtype_name
@@ -66,6 +71,7 @@ from .abft.device_linear import (
     encode_device_linear,
     gemm_path,
 )
+from .abft.fused_lookup import fused_checked
 
 
 @dataclass
@@ -387,19 +393,72 @@ def _prepare_lookup(mod: nn.Module, inputs: tuple[Any, ...], bag: bool, kind: st
         return CompiledBags(bags)
 
 
+def _fast_fused(mod: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], lam: float | None,
+                plans: _WeightCache, checks_of: Any, lookup: Any) -> tuple[torch.Tensor, CheckReport, Any] | None:
+    """The checked fused lookup (:func:`.abft.fused_lookup.fused_checked`: ``(out, report, FusedCall or
+    None)``) of the commonest protected call, ``bag(indices, offsets)`` over a float32 CPU table (sum or
+    mean; no per-sample weights, padding index, max_norm or last offset), with the fewest Python
+    operations before the lookup: each runs with cold caches right after the previous lookup, at several
+    times its cost in a loop. ``plans`` caches the table's checksums and fused layout under one weight
+    key. None: :func:`_prepare_lookup` decides (same verdicts, more work)."""
+    if kwargs or len(args) != 2 or mod.padding_idx is not None or mod.max_norm is not None or \
+            mod.include_last_offset:
+        return None
+    idx, off = args
+    w = mod._parameters.get("weight")  # (a Parameter, as EmbeddingBag's: no Module.__getattr__ call)
+    if not isinstance(w, torch.Tensor) or not isinstance(idx, torch.Tensor) or not isinstance(off, torch.Tensor) \
+            or w.dtype is not torch.float32 or not w.is_cpu:
+        return None
+    key = (w.data_ptr(), w._version, w.dtype, w.is_cpu, w.get_device(), w.shape)  # (_key's, inlined)
+    if key != plans.key:
+        plans.get(key, lambda: _plan(w, checks_of))
+    checks, ft = plans.value
+    if ft is None or idx.dim() != 1:
+        return None
+    mode, nb, d = mod.mode, off.shape[0], w.shape[1]
+    return fused_checked(ft, idx, off, mode, 4.0, lam, ("embedding_bag", "float32", (nb, d)), lambda: Bags(
+        checks, idx, off, mode, None, nb, d, 4.0, 0.0, lam, "embedding_bag", "float32", (nb, d)), lookup)
+
+
+def _first_forward_hook(mod: nn.Module, fn: Any) -> bool:
+    """Whether no forward hook runs on ``mod`` before ``fn`` (called by the module's forward itself, or its
+    first forward hook): then nothing can have changed the output between the lookup and ``fn``."""
+    if _torch_module._global_forward_hooks:
+        return False
+    for first in mod._forward_hooks.values():
+        return first is fn
+    return True
+
+
+def _plan(w: torch.Tensor, checks_of: Any) -> tuple[EmbeddingChecks, Any]:
+    """``(checksums, fused layout or None)`` of a float32 CPU table (the fused path needs the kernels)."""
+    checks = checks_of(w)
+    return checks, fused_table(w, checks, w.shape[1]) if kernels_available() else None
+
+
+def _after_lookup(guard: Guard, mod: nn.Module, hook: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
+                  out: Any) -> None:
+    """After a protected EmbeddingBag's lookup: where neither the module nor torch has a forward hook, none
+    can run after the lookup and ``hook`` takes the verdict now (a module with hooks costs more per call);
+    else ``hook`` is registered, once, after the others, so that it sees the output as they leave it."""
+    hooks = mod._forward_hooks
+    if not hooks and not _torch_module._global_forward_hooks:
+        hook(mod, args, kwargs, out)
+    elif hook not in hooks.values():
+        guard.handles.append(mod.register_forward_hook(hook, with_kwargs=True))
+
+
 def _embedding_hooks(guard: Guard, name: str, lam: float | None, bag: bool, exact: bool):
     """A forward hook and (EmbeddingBag) a ``forward`` checking an Embedding/EmbeddingBag.
 
-    On the CPU, with the compiled kernels, an EmbeddingBag's ``forward`` prepares the check from the
-    indices before the lookup. Where the fused lookup applies (:class:`.abft.FusedCall`: a float32
-    table, no autograd, no max_norm, no include_last_offset) it runs that: the lookup itself, bitwise
-    torch's, with each bag's reference summed in the same pass; the hook then checks the output as it
-    is when the hook sees it (one compiled pass over the bags x D output). Otherwise torch's lookup runs
-    and the hook makes the prepared compiled verdict (gather of the row sums and the check in one call:
-    Python work after the lookup would cost more than the check's own memory traffic), or
-    elsewhere :func:`.abft.verify_bag_output`.
-    """
-    cache, fused = _WeightCache(), _WeightCache()
+    On the CPU, with the compiled kernels, an EmbeddingBag's ``forward`` prepares the check from the indices.
+    Where the fused lookup applies (:class:`.abft.FusedCall`: a float32 table, no autograd, no max_norm, no
+    include_last_offset) it runs that: torch's lookup bitwise, each bag checked in the same pass; the hook
+    records that verdict where no forward hook ran before it, else (a fault injected into the output, say)
+    checks the output as it is then against the lookup's references (one compiled pass). Otherwise torch's
+    lookup runs and the hook makes the prepared compiled verdict (gather and check in one call), or elsewhere
+    :func:`.abft.verify_bag_output`. The ``forward`` may call the hook itself (:func:`_after_lookup`)."""
+    cache, fused, plans = _WeightCache(), _WeightCache(), _WeightCache()
     kind = "embedding_bag" if bag else "embedding"
     state: dict[str, Any] = {}
 
@@ -408,28 +467,35 @@ def _embedding_hooks(guard: Guard, name: str, lam: float | None, bag: bool, exac
 
     def forward(mod: nn.Module, pf: _ProtectedForward, *args: Any, **kwargs: Any) -> Any:
         state.clear()
-        inputs = _call_args(args, kwargs, bag)
-        prepared = None if exact else _prepare_lookup(mod, inputs, bag, kind, lam, checks_of, fused)
-        if isinstance(prepared, FusedCall):
-            out, rep = prepared.run(lambda: pf.own(mod)(*args, **kwargs), check=False)
-            state["fused"] = (inputs[0], prepared if rep is None else rep)
-            return out
-        if prepared is not None:
-            state["run"] = (inputs[0], mod.weight._version, prepared)
-        return pf.own(mod)(*args, **kwargs)
+        lookup = functools.partial(pf.own(mod), *args, **kwargs)
+        done = None if exact else _fast_fused(mod, args, kwargs, lam, plans, checks_of, lookup)
+        if done is None and not exact:
+            inputs = _call_args(args, kwargs, bag)
+            call = _prepare_lookup(mod, inputs, bag, kind, lam, checks_of, fused)
+            if isinstance(call, FusedCall):  # checked in the lookup's own pass (the hook checks again if need be)
+                out, rep = call.run(lookup)
+                done = (out, rep, call if call.referenced else None)
+            elif call is not None:
+                state["run"] = (inputs[0], mod.weight._version, call)
+        if done is not None:
+            state["checked"] = (args[0] if args else kwargs.get("input"), *done)
+        out = done[0] if done is not None else lookup()
+        _after_lookup(guard, mod, hook, args, kwargs, out)
+        return out
 
     def hook(mod: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: torch.Tensor) -> None:
         prepared = state.pop("run", None)
-        fused_call = state.pop("fused", None)
+        checked, call = state.pop("checked", None), None
+        if checked is not None and (args[0] if args else _call_args(args, kwargs, bag)[0]) is checked[0]:
+            if checked[3] is None or (output is checked[1] and _first_forward_hook(mod, hook)):
+                guard.record(name, kind, checked[2])  # (nothing ran between the lookup's check and this hook)
+                return
+            call = checked[3]  # a hook ran before this one: the output as it is now
         if not isinstance(output, torch.Tensor) or not output.is_floating_point():
             return
         inputs = _call_args(args, kwargs, bag)
-        call = fused_call[1] if fused_call is not None and fused_call[0] is inputs[0] else None
-        if isinstance(call, CheckReport):
-            guard.record(name, kind, call)
-            return
         if call is not None and output.dtype is torch.float32 and output.is_cpu and \
-                output.shape == (call.bag.nb, call.ft.d):
+                output.shape == (call.nb, call.ft.d):
             # the fused lookup ran: its references against the output as it is now (NumPy only: no autograd)
             guard.record(name, kind, call.verdict(output.detach()))
             return
@@ -458,11 +524,8 @@ def _embedding_hooks(guard: Guard, name: str, lam: float | None, bag: bool, exac
                                     u_out=u_out, op=kind, exact_ratio=exact)
             guard.record(name, kind, rep)
 
-    def install(mod: nn.Module) -> list[Any]:
-        handles: list[Any] = [mod.register_forward_hook(hook, with_kwargs=True)]
-        if bag:
-            handles.append(_ForwardHandle(mod, forward))
-        return handles
+    def install(mod: nn.Module) -> list[Any]:  # (an EmbeddingBag's hook: see _after_lookup)
+        return [_ForwardHandle(mod, forward)] if bag else [mod.register_forward_hook(hook, with_kwargs=True)]
 
     return install
 

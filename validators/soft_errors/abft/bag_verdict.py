@@ -11,6 +11,7 @@ would move the reference with the result and go unseen.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -188,13 +189,13 @@ class Bags:
     def constants(self) -> tuple[float, float, float]:
         """``(k, tiny, c_lb)``: ``lam u``, the underflow term and the factor of the lower bound
         ``lb_b = c_lb ||out_b||_2 + tiny`` of a bag's exact threshold (see :func:`verify_bag_output`)."""
-        return _bag_constants(self.idx.numel(), self.d, self.extra, self.u_out, self.lam)
+        return bag_constants(self.idx.numel(), self.d, self.extra, self.u_out, self.lam)
 
 
 _BAG_CONSTANTS = BoundedCache(4 * MAX_CACHED)
 
 
-def _bag_constants(n: int, d: int, extra: float, u_out: float, lam: float | None) -> tuple[float, float, float]:
+def bag_constants(n: int, d: int, extra: float, u_out: float, lam: float | None) -> tuple[float, float, float]:
     """:attr:`Bags.constants` for ``n`` indices (cached: the call is on the hot path of every lookup)."""
     return _BAG_CONSTANTS.lookup((n, d, extra, u_out, lam), _make_bag_constants, n, d, extra, u_out, lam)
 
@@ -239,6 +240,26 @@ class CompiledBags:
             self.report.max_ratio = worst
             return self.report
         return bag_exact(self.bag, out2, exact_ratio, (self.buf[0], self.buf[1]))
+
+
+def compiled_bag_check(out2: torch.Tensor, checks: EmbeddingChecks, idx: torch.Tensor, off: torch.Tensor, mode: str,
+                       extra: float, lam: float | None, meta: tuple[str, str, tuple[int, ...]],
+                       make: Callable[[], Bags]) -> CheckReport | None:
+    """``CompiledBags(make()).verdict(out2)`` of an unweighted lookup's (bags x D) float32 CPU output with
+    fewer Python operations (each runs with cold caches right after the lookup): the :class:`Bags` made
+    only where the verdict is not clear at once. ``meta``: (op, dtype, shape) of the report. None where
+    the compiled verdict does not apply (then :func:`verify_bag_output`)."""
+    nb = out2.shape[0]
+    if not nb or out2.dtype is not torch.float32 or out2.dim() != 2 or not out2.is_cpu or not idx.is_cpu or \
+            not off.is_cpu or not checks.rowsum.is_cpu or not available():
+        return None
+    _, tiny, c_lb = bag_constants(idx.numel(), out2.shape[1], extra, 0.0, lam)
+    buf = np.empty((2, nb))  # per-bag reference and output sums
+    worst = float(raw("bag_verdict")(0, nb, out2.detach().numpy(), idx.numpy(), off.numpy(), checks.rowsum_view(),
+                                     NO_WEIGHTS, mode == "mean", c_lb, tiny, buf[0], buf[1]))
+    if 0.0 <= worst <= CLEAR:  # (-1: an index or offset out of range; NaN: something not finite)
+        return CheckReport(meta[0], meta[1], False, worst, True, [], [], None, meta[2])
+    return bag_exact(make(), out2, False, None if worst == -1.0 else (buf[0], buf[1]))
 
 
 def bag_exact(bag: Bags, out2: torch.Tensor, exact_ratio: bool,

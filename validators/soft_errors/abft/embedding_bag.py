@@ -23,7 +23,7 @@ from .bag_verdict import (
     verify_bag_output,
 )
 from .fused_layout import FusedTable, cached_fused
-from .fused_lookup import FusedCall
+from .fused_lookup import FusedCall, fused_checked
 from .quantized import QuantizedTable, quantized_embedding_bag
 from .report import CheckReport
 
@@ -67,13 +67,18 @@ def checked_embedding_bag(table: CheckedTable, indices: torch.Tensor, offsets: t
     idx, off = bags_args(indices, offsets)
     if per_sample_weights is not None and per_sample_weights.dim() == 2:  # (weights of 2-D indices, as torch)
         per_sample_weights = per_sample_weights.reshape(-1)
-    bag = Bags(table.checks, idx, off, mode, per_sample_weights, off.shape[0], table.dim, 4.0, 0.0, lam,
-                f"embedding_bag_{mode}", "float32", (table.weight.shape[0], table.dim, off.shape[0]))
+    op, shape = f"embedding_bag_{mode}", (table.weight.shape[0], table.dim, off.shape[0])
+
+    def bags() -> Bags:
+        return Bags(table.checks, idx, off, mode, per_sample_weights, off.shape[0], table.dim, 4.0, 0.0, lam, op,
+                    "float32", shape)
 
     def lookup() -> torch.Tensor:
         return F.embedding_bag(idx, table.weight, off, mode=mode, per_sample_weights=per_sample_weights)
 
-    return _checked_lookup(table.fused(), bag, exact_ratio, lookup)
+    done = None if exact_ratio or per_sample_weights is not None else \
+        fused_checked(table.fused(), idx, off, mode, 4.0, lam, (op, "float32", shape), bags, lookup)
+    return done[:2] if done is not None else _checked_lookup(table.fused(), bags(), exact_ratio, lookup)
 
 
 def _checked_lookup(ft: FusedTable | None, bag: Bags, exact_ratio: bool, lookup: Callable[[], torch.Tensor]
@@ -106,10 +111,14 @@ def checked_quantized_embedding_bag(table: QuantizedTable, indices: torch.Tensor
     if mode not in ("sum", "mean"):
         raise UsageError(f"checked_quantized_embedding_bag supports sum and mean pooling, got {mode!r}")
     idx, off = bags_args(indices, offsets)
-    bag = Bags(table.checks, idx, off, mode, None, off.shape[0], table.dim, 6.0, 0.0, lam, f"embedding_bag_8bit_{mode}",
-                "uint8", (table.packed.shape[0], table.dim, off.shape[0]))
+    op, shape = f"embedding_bag_8bit_{mode}", (table.packed.shape[0], table.dim, off.shape[0])
+
+    def bags() -> Bags:
+        return Bags(table.checks, idx, off, mode, None, off.shape[0], table.dim, 6.0, 0.0, lam, op, "uint8", shape)
 
     def lookup() -> torch.Tensor:
         return quantized_embedding_bag(table, idx, off, mode)
 
-    return _checked_lookup(table.fused(), bag, exact_ratio, lookup)
+    done = None if exact_ratio else fused_checked(table.fused(), idx, off, mode, 6.0, lam, (op, "uint8", shape), bags,
+                                                   lookup)
+    return done[:2] if done is not None else _checked_lookup(table.fused(), bags(), exact_ratio, lookup)

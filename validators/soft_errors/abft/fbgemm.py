@@ -27,7 +27,7 @@ from mystique.workloads.dlrm_fbgemm import quantize_rows
 
 from mystique.errors import EnvironmentUnsupported, UsageError
 
-from .bag_verdict import EmbeddingChecks, verify_bag_output
+from .bag_verdict import Bags, EmbeddingChecks, compiled_bag_check, verify_bag_output
 from .report import CheckReport
 
 BITS = (8, 4)  # the row-wise code widths checked (FBGEMM's INT8 and INT4 sparse types)
@@ -108,17 +108,32 @@ class FbgemmTable:
         codes, sb = self.stored()
         return codes.float() * sb[:, 0:1].float() + sb[:, 1:2].float()
 
+    def tbe_args(self, indices: torch.Tensor, offsets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The int32 indices and offsets (bag starts, then the end) that FBGEMM's TBE takes."""
+        end = torch.full((1,), indices.numel(), dtype=torch.int32, device=offsets.device)
+        return indices.int(), torch.cat([offsets.int(), end])
+
     def lookup(self, indices: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
         """FBGEMM's own (unchecked) lookup: (bags, D) fp32; ``offsets`` the bag starts (no end)."""
-        end = torch.full((1,), indices.numel(), dtype=torch.int32, device=offsets.device)
-        return self.tbe(indices.int(), torch.cat([offsets.int(), end]))
+        return self.tbe(*self.tbe_args(indices, offsets))
 
 
 def checked_fbgemm_embedding_bag(table: FbgemmTable, indices: torch.Tensor, offsets: torch.Tensor, *,
                                  lam: float | None = None) -> tuple[torch.Tensor, CheckReport]:
-    """FBGEMM's lookup of ``table`` checked against its row checksums: ``(output, CheckReport)``."""
-    out = table.lookup(indices, offsets)
-    rep = verify_bag_output(out, table.checks, indices.long(), offsets.long(), table.mode,
-                            extra=EXTRA_ROUNDINGS, lam=lam, op=f"fbgemm_{table.bits}bit_{table.mode}",
-                            dtype="uint8", shape=(table.checks.rowsum.shape[0], table.dim, offsets.shape[0]))
+    """FBGEMM's lookup of ``table`` checked against its row checksums: ``(output, CheckReport)``.
+
+    On the CPU, with the compiled kernels, the check is one compiled call after FBGEMM's lookup
+    (:func:`.bag_verdict.compiled_bag_check`), reading the int32 indices and offsets FBGEMM was given
+    (no conversion or copy of its own); elsewhere :func:`verify_bag_output`.
+    """
+    idx, off = table.tbe_args(indices, offsets)
+    out = table.tbe(idx, off)
+    nb, op = offsets.shape[0], f"fbgemm_{table.bits}bit_{table.mode}"
+    shape = (table.checks.rowsum.shape[0], table.dim, nb)
+    rep = compiled_bag_check(out, table.checks, idx, off, table.mode, EXTRA_ROUNDINGS, lam, (op, "uint8", shape),
+                             lambda: Bags(table.checks, idx, off, table.mode, None, nb, table.dim, EXTRA_ROUNDINGS,
+                                          0.0, lam, op, "uint8", shape))  # (the offsets with the end: the same bags)
+    if rep is None:
+        rep = verify_bag_output(out, table.checks, indices.long(), offsets.long(), table.mode, extra=EXTRA_ROUNDINGS,
+                                lam=lam, op=op, dtype="uint8", shape=shape)
     return out, rep

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from .._kernels import available, kernel_table, raw
-from .bag_verdict import Bags, EmbeddingChecks, bag_exact
+from .bag_verdict import Bags, EmbeddingChecks, bag_constants, bag_exact
 from .fused_layout import FusedTable
 from .quantized import QuantizedTable, quantized_embedding_bag
 from .report import CLEAR, CheckReport
@@ -38,7 +38,7 @@ class FusedCall:
     within ``2^-10`` of its threshold is left to the exact path (:func:`bag_exact`), so both agree.
     """
 
-    __slots__ = ("ft", "bag", "consts", "buf")
+    __slots__ = ("ft", "idx", "off", "psw", "nb", "mean", "consts", "meta", "buf", "_bag", "make")
 
     @classmethod
     def of(cls, ft: FusedTable | None, bag: Bags) -> FusedCall | None:
@@ -57,40 +57,93 @@ class FusedCall:
             return None
         if not fused_lookups_agree(ft.quantized, psw is not None):
             return None
+        _, tiny, c_lb = bag.constants
+        return cls._made(ft, idx, off, psw, bag.nb, bag.mode, (c_lb, tiny), (bag.op, bag.dtype, bag.shape), bag, None)
+
+    @classmethod
+    def _made(cls, ft: FusedTable, idx: torch.Tensor, off: torch.Tensor, psw: torch.Tensor | None, nb: int,
+              mode: str, consts: tuple[float, float], meta: tuple, bag: Bags | None, make: Callable[[], Bags] | None
+              ) -> FusedCall:
         call = cls()
-        call.ft, call.bag = ft, bag
+        call.ft, call.idx, call.off, call.psw, call.nb, call.mean = ft, idx, off, psw, nb, mode == "mean"
+        call.consts, call.meta, call._bag, call.make, call.buf = consts, meta, bag, make, None
         return call
+
+    @property
+    def bag(self) -> Bags:
+        """The call's :class:`Bags` (made on first use where :func:`fused_checked` made the call)."""
+        if self._bag is None:
+            self._bag = self.make()
+        return self._bag
 
     def run(self, lookup: Callable[[], torch.Tensor], check: bool = True) -> tuple[torch.Tensor, CheckReport | None]:
         """``(out, report)``; without ``check`` the report is None and :meth:`verdict` checks ``out`` later
         (as it is then). Where an index or offset is out of range the kernel stops and ``lookup()`` (torch's,
         which raises or pools as torch does) runs instead, with the exact verdict (at once, also without
         ``check``)."""
-        ft, bag = self.ft, self.bag
-        _, tiny, c_lb = bag.constants
-        self.buf = buf = np.empty((2, bag.nb))  # per-bag reference and output sums
-        self.consts = (c_lb, tiny)
-        out = torch.empty((bag.nb, ft.d), dtype=torch.float32, device="cpu")
-        worst = raw("bag_lookup")(0, bag.nb, ft.view, bag.idx.numpy(), bag.off.numpy(), out.numpy(),
-                                  ft.rowsum, None if bag.psw is None else bag.psw.detach().numpy(),
-                                  bag.mode == "mean", check, c_lb, tiny, buf[0], buf[1])
-        if worst == -1.0:
+        ft, nb = self.ft, self.nb
+        c_lb, tiny = self.consts
+        buf = np.empty((2, nb))  # per-bag reference and output sums
+        out = torch.empty((nb, ft.d), dtype=torch.float32, device="cpu")
+        worst = raw("bag_lookup")(0, nb, ft.view, self.idx.numpy(), self.off.numpy(), out.numpy(), ft.rowsum,
+                                  None if self.psw is None else self.psw.detach().numpy(), self.mean, check, c_lb,
+                                  tiny, buf[0], buf[1])
+        if worst == -1.0:  # (no references: see referenced)
             out = lookup()
-            return out, bag_exact(bag, out.reshape(-1, ft.d).float(), False)
+            return out, bag_exact(self.bag, out.reshape(-1, ft.d).float(), False)
+        self.buf = buf
         return out, self._decide(float(worst), out) if check else None
+
+    @property
+    def referenced(self) -> bool:
+        """Whether :meth:`run` wrote every bag's reference (False before it, or where it fell back to
+        ``lookup()``): :meth:`verdict` needs them."""
+        return self.buf is not None
 
     def verdict(self, out2: torch.Tensor) -> CheckReport:
         """Verdict on the (bags x D) float32 output of :meth:`run` without ``check``, as it is now (a flip
         since the lookup is seen), against the references the kernel wrote."""
-        worst = raw("bag_out_verdict")(0, self.bag.nb, out2.detach().numpy(), self.buf[0], *self.consts,
-                                       self.buf[1])
+        worst = raw("bag_out_verdict")(0, self.nb, out2.detach().numpy(), self.buf[0], *self.consts, self.buf[1])
         return self._decide(float(worst), out2)
 
     def _decide(self, worst: float, out2: torch.Tensor) -> CheckReport:
-        bag = self.bag
         if worst <= CLEAR:  # NaN (something not finite) falls through; near 1 the exact path decides
-            return CheckReport(bag.op, bag.dtype, False, worst, True, [], [], None, bag.shape)
-        return bag_exact(bag, out2, False, (self.buf[0], self.buf[1]))
+            op, dtype, shape = self.meta
+            return CheckReport(op, dtype, False, worst, True, [], [], None, shape)
+        return bag_exact(self.bag, out2, False, (self.buf[0], self.buf[1]))
+
+
+def fused_checked(ft: FusedTable | None, idx: torch.Tensor, off: torch.Tensor, mode: str, extra: float,
+                  lam: float | None, meta: tuple[str, str, tuple[int, ...]], make: Callable[[], Bags],
+                  lookup: Callable[[], torch.Tensor]) -> tuple[torch.Tensor, CheckReport, FusedCall | None] | None:
+    """:meth:`FusedCall.of` and :meth:`FusedCall.run` (with ``check``) of an unweighted call over ``ft``'s
+    checksums, with fewer Python operations (no :class:`Bags` unless needed): every Python operation of a
+    lookup runs with cold caches right after the previous lookup, at several times its cost in a loop.
+    ``meta``: (op, dtype, shape) of the report;
+    ``make()``: the :class:`Bags`, made only where the exact path needs them. Returns ``(out, report,
+    call)`` (``call`` None where the kernel fell back to ``lookup()``: no references), or None where
+    :meth:`FusedCall.of` would refuse the call."""
+    if ft is None or idx.dtype is not off.dtype or idx.dtype not in _INDEX_DTYPES or idx.dim() != 1 or \
+            off.dim() != 1 or not off.shape[0] or mode not in ("sum", "mean") or not idx.is_cpu or \
+            not off.is_cpu or not idx.is_contiguous() or not off.is_contiguous() or \
+            torch._C._len_torch_dispatch_stack() or torch._C._is_torch_function_mode_enabled() or \
+            (ft.tensor.requires_grad and torch.is_grad_enabled()) or not available() or \
+            not _AGREE.get((ft.quantized, False), False) and not fused_lookups_agree(ft.quantized, False):
+        return None
+    nb = off.shape[0]
+    _, tiny, c_lb = bag_constants(idx.shape[0], ft.d, extra, 0.0, lam)
+    buf = np.empty((2, nb))  # per-bag reference and output sums
+    out = torch.empty((nb, ft.d), dtype=torch.float32)  # (no device: a default device is a function mode)
+    worst = raw("bag_lookup")(0, nb, ft.view, idx.numpy(), off.numpy(), out.numpy(), ft.rowsum, None, mode == "mean",
+                              True, c_lb, tiny, buf[0], buf[1])
+    call = FusedCall._made(ft, idx, off, None, nb, mode, (c_lb, tiny), meta, None, make)
+    if worst == -1.0:  # an index or offset out of range: torch's lookup, the exact verdict
+        out = lookup()
+        return out, bag_exact(call.bag, out.reshape(-1, ft.d).float(), False), None
+    call.buf = buf
+    if 0.0 <= worst <= CLEAR:
+        return out, CheckReport(meta[0], meta[1], False, worst, True, [], [], None, meta[2]), call
+    return out, call._decide(float(worst), out), call
 
 
 _AGREE: dict[tuple[bool, bool], bool] = {}

@@ -5,8 +5,9 @@
 in bag 0, for sum and mean pooling; FBGEMM's mean against the fp64 mean of the same dequantized rows,
 and beside it the error of torch's CPU 8-bit kernel asked for a mean (torch 2.13 returns sums: a
 measured figure, ``info``). ``overhead_fbgemm``: checked / unchecked - 1 against FBGEMM's own
-unchecked lookup, timed like the ``overhead`` group (paired interleaved rounds, 95% interval,
-the product's EmbeddingBag target). Without FBGEMM both groups add one ``skip`` row saying so."""
+unchecked lookup (8-bit and 4-bit rows, sum and mean pooling), timed like the ``overhead`` group
+(paired interleaved rounds, 95% interval, the product's EmbeddingBag target). Without FBGEMM both
+groups add one ``skip`` row saying so."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import torch.nn.functional as F
 
 from ...groups import GroupContext
 from ..abft.fbgemm import BITS, FbgemmTable, checked_fbgemm_embedding_bag, fbgemm_available
-from ..overhead import TABLE_ROUNDS, cpu_threads, embedding_bag_target
+from ..overhead import FRESH_INDICES, TABLE_ROUNDS, cpu_threads, embedding_bag_target
 from .overhead import _timed_rows
 
 _SKIP = "FBGEMM is not installed (pip install -e '.[fbgemm]', fbgemm-gpu-cpu paired with torch)"
@@ -88,14 +89,17 @@ def run_overhead_fbgemm(ctx: GroupContext) -> None:
     with cpu_threads(dev, int(ctx.options["overhead_threads"])) as threads:
         for rows, d, bags, length in ctx.options["overhead_tables"]:
             for bits in BITS:
-                _table_rows(ctx, threads, reps, int(rows), int(d), int(bags), int(length), bits)
+                for mode in ("sum", "mean"):
+                    _table_rows(ctx, threads, reps, int(rows), int(d), int(bags), int(length), bits, mode)
 
 
 def _table_rows(ctx: GroupContext, threads: int, reps: int, rows: int, d: int, bags: int, length: int,
-                bits: int) -> None:
+                bits: int, mode: str) -> None:
+    """One table's rows (``mode`` pooling): the sum rows are named ``fbgemm_{bits}bit_{shape}``, the mean
+    rows ``fbgemm_{bits}bit_mean_{shape}``."""
     dev = ctx.target.device
     g = torch.Generator().manual_seed(ctx.seed)
-    table = FbgemmTable.from_float(torch.randn(rows, d, generator=g).to(dev), bits, "sum")
+    table = FbgemmTable.from_float(torch.randn(rows, d, generator=g).to(dev), bits, mode)
     off = torch.arange(0, bags * length, length, device=dev)
     batch: dict[str, torch.Tensor] = {}
 
@@ -105,12 +109,18 @@ def _table_rows(ctx: GroupContext, threads: int, reps: int, rows: int, d: int, b
     def unchecked() -> torch.Tensor:
         return table.lookup(batch["idx"], off)
 
-    fns = {"fbgemm": unchecked, "fbgemm_again": unchecked,
-           "fbgemm_checked": lambda: checked_fbgemm_embedding_bag(table, batch["idx"], off)}
-    what = (f"FBGEMM {bits}-bit row-wise lookup checked against its row checksums (the lookup, then a gather of "
-            f"the R x 1 row sums and the bag verdict) vs FBGEMM's unchecked lookup")
-    _timed_rows(ctx, f"{bits}bit_{rows}x{d}_b{bags}_l{length}", threads, fns, TABLE_ROUNDS * reps, prepare,
-                pair=("fbgemm_again", "fbgemm"), rounds_note=", fresh random indices each round",
+    def checked() -> torch.Tensor:
+        out, rep = checked_fbgemm_embedding_bag(table, batch["idx"], off)
+        if rep.alarm:
+            raise RuntimeError(f"clean checked FBGEMM lookup raised an alarm: {rep.describe()}")
+        return out
+
+    fns = {"fbgemm": unchecked, "fbgemm_again": unchecked, "fbgemm_checked": checked}
+    what = (f"FBGEMM {bits}-bit row-wise {mode} lookup checked against its row checksums (the lookup, then one "
+            f"compiled pass: the gather of the R x 1 row sums and the bag verdict) vs FBGEMM's unchecked lookup")
+    tag = f"{bits}bit" if mode == "sum" else f"{bits}bit_mean"
+    _timed_rows(ctx, f"{tag}_{rows}x{d}_b{bags}_l{length}", threads, fns, TABLE_ROUNDS * reps, prepare,
+                pair=("fbgemm_again", "fbgemm"), rounds_note=FRESH_INDICES, before_each=lambda _name: prepare(0),
                 aa_what="the same FBGEMM lookup timed twice",
-                shape=f"FBGEMM {bits}-bit table {rows} x {d}, {bags} bags of {length}, sum pooling",
+                shape=f"FBGEMM {bits}-bit table {rows} x {d}, {bags} bags of {length}, {mode} pooling",
                 rows=((("fbgemm", "fbgemm_checked", "fbgemm", "uint8", what),), ()), limit=embedding_bag_target(ctx.target.device))

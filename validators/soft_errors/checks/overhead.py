@@ -16,6 +16,7 @@ from ...groups import GroupContext
 from ..overhead import (
     EMBEDDING_COMPARISONS,
     EMBEDDING_FLOORS,
+    FRESH_INDICES,
     GEMM_COMPARISONS,
     GEMM_FLOORS,
     GEMM_TARGET_MIN_N,
@@ -78,7 +79,8 @@ def run_overhead(ctx: GroupContext) -> None:
             ef = EmbeddingFunctions(int(rows), int(d), int(bags), int(length), dev, seed)
             # a lookup is short and noisy: more rounds
             _timed_rows(ctx, f"{rows}x{d}_b{bags}_l{length}", threads, ef.functions(), TABLE_ROUNDS * reps, ef.prepare,
-                        pair=("embedding_bag_again", "embedding_bag"), rounds_note=", fresh random indices each round",
+                        pair=("embedding_bag_again", "embedding_bag"), rounds_note=FRESH_INDICES,
+                        before_each=ef.before_each,
                         aa_what="the same lookup timed twice",
                         shape=f"table {rows} x {d}, {bags} bags of {length}, sum pooling",
                         rows=(EMBEDDING_COMPARISONS, EMBEDDING_FLOORS), limit=embedding_bag_target(ctx.target.device))
@@ -103,13 +105,14 @@ def _device_linear_rows(ctx: GroupContext, threads: int, reps: int) -> None:
 
 def _timed_rows(ctx: GroupContext, suffix: str, threads: int, fns: dict[str, Callable[[], Any]], rounds: int,
                 prepare: Callable[[int], None] | None, *, pair: tuple[str, str], rounds_note: str, aa_what: str,
-                shape: str, rows: tuple[tuple, tuple], limit: float | None, note: str = "") -> None:
+                shape: str, rows: tuple[tuple, tuple], limit: float | None, note: str = "",
+                before_each: Callable[[str], None] | None = None) -> None:
     """Time ``fns`` interleaved on the device under test, then write the shape's A/A row (``pair``: the
     same function timed twice) and its overhead rows against ``limit``."""
     load0 = load_average()
     with torch.no_grad(), ctx.target.active():
         t = time_interleaved(fns, rounds, device=ctx.target.device, threads=threads, sync=ctx.target.synchronize,
-                             prepare=prepare, seed=ctx.seed)
+                             prepare=prepare, seed=ctx.seed, before_each=before_each)
     load1 = load_average()
     aa = t.overhead(*pair)
     alo, ahi = t.interval(*pair)
