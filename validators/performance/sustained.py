@@ -55,6 +55,10 @@ def run_sustained(ctx: PerformanceContext) -> None:
     s = ctx.settings
     names = s["workloads"]
     share = float(s["duration"]) / max(len(names), 1)
+    # CPU: large blocks from a heap never trimmed (as replay does): otherwise how many page faults a step
+    # pays depends on the allocations before it, a run-to-run difference that is not the device's
+    allocator = ex.steady_host_allocator() if ctx.target.torch_device.type == "cpu" else None
+    ctx.settings["host_allocator"] = allocator or "the C library's default"
     with bm.cache_root(ctx.out_dir) as root:
         for name in names:
             bench = bm.reference(name, s["config"], s["mode"], "float32", root, ctx.progress)
@@ -89,7 +93,8 @@ def _contention_row(ctx: PerformanceContext, subject: str, calls: Calls) -> None
 
 def _distribution_rows(ctx: PerformanceContext, subject: str, calls: Calls, load: str) -> None:
     ms = [t * 1e3 for t in calls.chosen]
-    how = f"{len(ms)} of {len(calls.seconds)} steps run back to back on {ctx.target.label}: {calls.describe()}; {load} (1, 5, 15 min)"
+    how = (f"{len(ms)} of {len(calls.seconds)} steps run back to back on {ctx.target.label}: {calls.describe()}; "
+           f"{load} (1, 5, 15 min); host allocator: {ctx.settings.get('host_allocator', 'not set')}")
     check = "step_time" if calls.enough else "step_time_disturbed"  # a disturbed figure is not compared
     record = ctx.record if calls.enough else ctx.record_only
     how += ("; intervals by batch means (the figure of each of up to 10 consecutive batches of steps, the "
