@@ -140,7 +140,7 @@ def test_a_transient_slow_phase_moves_the_batch_interval_of_a_tail_figure_less_t
     assert lo_batch <= 2.0 and lo_iid == 10.0
 
 
-def _drift(times_ms: list[float]) -> pd.Series:
+def _drift(times_ms: list[float], seconds: float = 60.0) -> pd.Series:
     from mystique.validators.performance import LEVELS, PerformanceContext
     from mystique.validators.performance.sustained import _drift_row
 
@@ -149,7 +149,7 @@ def _drift(times_ms: list[float]) -> pd.Series:
     res = results.Results(results.RunContext(device="cpu", device_name="cpu"), "performance")
     ctx = PerformanceContext(target=None, res=res, seed=0, level="quick", progress=Progress("t"),
                              settings=dict(LEVELS["quick"]), device_name="cpu")
-    _drift_row(ctx, "w", [t / 1e3 for t in times_ms])
+    _drift_row(ctx, "w", [t / 1e3 for t in times_ms], seconds)
     return res.frame().iloc[0]
 
 
@@ -167,3 +167,8 @@ def test_a_neighbours_passing_phase_does_not_fail_the_drift_check():
     last[10:80] = [13.0] * 70  # 70% of the last third slowed by a phase no run-queue count sees
     row = _drift(_steady(200, 10.0) + last)
     assert row["status"] == "pass" and row["value"] < 1.02
+
+
+def test_a_run_too_short_to_heat_a_device_reports_its_drift_as_a_measurement():
+    row = _drift(_steady(200, 10.0) + _steady(100, 12.5), seconds=8.0)
+    assert row["status"] == "info" and row["value"] > 1.2 and "shorter than the 15 s" in row["detail"]

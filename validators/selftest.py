@@ -91,7 +91,8 @@ def _folder(spec: str) -> str:
 
 # The performance step of the self-test: the sustained group on one workload for a few seconds, on the
 # healthy device and under each slowness fault (and each --inject SPEC); the paired mode rows catch
-# a slow mode, the drift row must pass on the healthy device. Short, so that the self-test stays quick.
+# a slow mode (8 s: too short for a drift verdict, the drift row is a measurement). Short, so that the
+# self-test stays quick.
 PERFORMANCE_STEP = {"groups": ["sustained"], "workloads": "dlrm", "duration": 8.0}
 
 
