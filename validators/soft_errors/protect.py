@@ -394,30 +394,26 @@ def _prepare_lookup(mod: nn.Module, inputs: tuple[Any, ...], bag: bool, kind: st
 
 
 def _fast_fused(mod: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], lam: float | None,
-                plans: _WeightCache, checks_of: Any, lookup: Any) -> tuple[torch.Tensor, CheckReport, Any] | None:
+                fused: _WeightCache, checks_of: Any, lookup: Any) -> tuple[torch.Tensor, CheckReport, Any] | None:
     """The checked fused lookup (:func:`.abft.fused_lookup.fused_checked`: ``(out, report, FusedCall or
     None)``) of the commonest protected call, ``bag(indices, offsets)`` over a float32 CPU table (sum or
     mean; no per-sample weights, padding index, max_norm or last offset), with the fewest Python
     operations before the lookup: each runs with cold caches right after the previous lookup, at several
-    times its cost in a loop. ``plans`` caches the table's checksums and fused layout under one weight
-    key. None: :func:`_prepare_lookup` decides (same verdicts, more work)."""
+    times its cost in a loop. ``fused`` is the table's fused layout cache (the one :func:`_prepare_lookup`
+    uses; the layout holds the checksums). None: :func:`_prepare_lookup` decides (same verdicts, more work)."""
     if kwargs or len(args) != 2 or mod.padding_idx is not None or mod.max_norm is not None or \
             mod.include_last_offset:
         return None
     idx, off = args
     w = mod._parameters.get("weight")  # (a Parameter, as EmbeddingBag's: no Module.__getattr__ call)
     if not isinstance(w, torch.Tensor) or not isinstance(idx, torch.Tensor) or not isinstance(off, torch.Tensor) \
-            or w.dtype is not torch.float32 or not w.is_cpu:
-        return None
-    key = (w.data_ptr(), w._version, w.dtype, w.is_cpu, w.get_device(), w.shape)  # (_key's, inlined)
-    if key != plans.key:
-        plans.get(key, lambda: _plan(w, checks_of))
-    checks, ft = plans.value
-    if ft is None or idx.dim() != 1:
+            or w.dtype is not torch.float32 or not w.is_cpu or idx.dim() != 1:
         return None
     mode, nb, d = mod.mode, off.shape[0], w.shape[1]
-    return fused_checked(ft, idx, off, mode, 4.0, lam, ("embedding_bag", "float32", (nb, d)), lambda: Bags(
-        checks, idx, off, mode, None, nb, d, 4.0, 0.0, lam, "embedding_bag", "float32", (nb, d)), lookup)
+    ft = fused.get(_key(w), lambda: fused_table(w, checks_of(w), d))
+    return None if ft is None else fused_checked(ft, idx, off, mode, 4.0, lam, ("embedding_bag", "float32", (nb, d)),
+                                                 lambda: Bags(ft.checks, idx, off, mode, None, nb, d, 4.0, 0.0, lam,
+                                                              "embedding_bag", "float32", (nb, d)), lookup)
 
 
 def _first_forward_hook(mod: nn.Module, fn: Any) -> bool:
@@ -428,12 +424,6 @@ def _first_forward_hook(mod: nn.Module, fn: Any) -> bool:
     for first in mod._forward_hooks.values():
         return first is fn
     return True
-
-
-def _plan(w: torch.Tensor, checks_of: Any) -> tuple[EmbeddingChecks, Any]:
-    """``(checksums, fused layout or None)`` of a float32 CPU table (the fused path needs the kernels)."""
-    checks = checks_of(w)
-    return checks, fused_table(w, checks, w.shape[1]) if kernels_available() else None
 
 
 def _after_lookup(guard: Guard, mod: nn.Module, hook: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
@@ -458,7 +448,7 @@ def _embedding_hooks(guard: Guard, name: str, lam: float | None, bag: bool, exac
     checks the output as it is then against the lookup's references (one compiled pass). Otherwise torch's
     lookup runs and the hook makes the prepared compiled verdict (gather and check in one call), or elsewhere
     :func:`.abft.verify_bag_output`. The ``forward`` may call the hook itself (:func:`_after_lookup`)."""
-    cache, fused, plans = _WeightCache(), _WeightCache(), _WeightCache()
+    cache, fused = _WeightCache(), _WeightCache()
     kind = "embedding_bag" if bag else "embedding"
     state: dict[str, Any] = {}
 
@@ -468,7 +458,7 @@ def _embedding_hooks(guard: Guard, name: str, lam: float | None, bag: bool, exac
     def forward(mod: nn.Module, pf: _ProtectedForward, *args: Any, **kwargs: Any) -> Any:
         state.clear()
         lookup = functools.partial(pf.own(mod), *args, **kwargs)
-        done = None if exact else _fast_fused(mod, args, kwargs, lam, plans, checks_of, lookup)
+        done = None if exact else _fast_fused(mod, args, kwargs, lam, fused, checks_of, lookup)
         if done is None and not exact:
             inputs = _call_args(args, kwargs, bag)
             call = _prepare_lookup(mod, inputs, bag, kind, lam, checks_of, fused)

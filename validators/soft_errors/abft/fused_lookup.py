@@ -43,12 +43,8 @@ class FusedCall:
     @classmethod
     def of(cls, ft: FusedTable | None, bag: Bags) -> FusedCall | None:
         idx, off, psw = bag.idx, bag.off, bag.psw
-        if ft is None or bag.checks is not ft.checks or bag.d != ft.d or bag.u_out or off is None or \
-                torch._C._len_torch_dispatch_stack() or torch._C._is_torch_function_mode_enabled() or \
-                idx.dtype not in _INDEX_DTYPES or \
-                off.dtype != idx.dtype or idx.dim() != 1 or off.dim() != 1 or not idx.is_cpu or not off.is_cpu or \
-                not bag.nb or bag.mode not in ("sum", "mean") or not idx.is_contiguous() or \
-                not off.is_contiguous() or not available():
+        if not _fusable(ft, idx, off, bag.mode) or bag.checks is not ft.checks or bag.d != ft.d or bag.u_out or \
+                not bag.nb:
             return None
         if psw is not None and (bag.mode != "sum" or psw.dtype != torch.float32 or psw.shape != idx.shape or
                                 not psw.is_cpu or not psw.is_contiguous()):
@@ -123,27 +119,22 @@ def fused_checked(ft: FusedTable | None, idx: torch.Tensor, off: torch.Tensor, m
     ``make()``: the :class:`Bags`, made only where the exact path needs them. Returns ``(out, report,
     call)`` (``call`` None where the kernel fell back to ``lookup()``: no references), or None where
     :meth:`FusedCall.of` would refuse the call."""
-    if ft is None or idx.dtype is not off.dtype or idx.dtype not in _INDEX_DTYPES or idx.dim() != 1 or \
-            off.dim() != 1 or not off.shape[0] or mode not in ("sum", "mean") or not idx.is_cpu or \
-            not off.is_cpu or not idx.is_contiguous() or not off.is_contiguous() or \
-            torch._C._len_torch_dispatch_stack() or torch._C._is_torch_function_mode_enabled() or \
-            (ft.tensor.requires_grad and torch.is_grad_enabled()) or not available() or \
-            not _AGREE.get((ft.quantized, False), False) and not fused_lookups_agree(ft.quantized, False):
+    if not _fusable(ft, idx, off, mode) or not off.shape[0] or (ft.tensor.requires_grad and torch.is_grad_enabled()) \
+            or not fused_lookups_agree(ft.quantized, False):
         return None
-    nb = off.shape[0]
     _, tiny, c_lb = bag_constants(idx.shape[0], ft.d, extra, 0.0, lam)
-    buf = np.empty((2, nb))  # per-bag reference and output sums
-    out = torch.empty((nb, ft.d), dtype=torch.float32)  # (no device: a default device is a function mode)
-    worst = raw("bag_lookup")(0, nb, ft.view, idx.numpy(), off.numpy(), out.numpy(), ft.rowsum, None, mode == "mean",
-                              True, c_lb, tiny, buf[0], buf[1])
-    call = FusedCall._made(ft, idx, off, None, nb, mode, (c_lb, tiny), meta, None, make)
-    if worst == -1.0:  # an index or offset out of range: torch's lookup, the exact verdict
-        out = lookup()
-        return out, bag_exact(call.bag, out.reshape(-1, ft.d).float(), False), None
-    call.buf = buf
-    if 0.0 <= worst <= CLEAR:
-        return out, CheckReport(meta[0], meta[1], False, worst, True, [], [], None, meta[2]), call
-    return out, call._decide(float(worst), out), call
+    call = FusedCall._made(ft, idx, off, None, off.shape[0], mode, (c_lb, tiny), meta, None, make)
+    out, rep = call.run(lookup)
+    return out, rep, call if call.referenced else None
+
+
+def _fusable(ft: FusedTable | None, idx: torch.Tensor, off: torch.Tensor | None, mode: str) -> bool:
+    """The conditions of the fused kernel on the table, the indices and offsets and the pooling that every call
+    shares (see :class:`FusedCall`); a type check of ``ft`` for the callers too."""
+    return not (ft is None or off is None or torch._C._len_torch_dispatch_stack() or
+                torch._C._is_torch_function_mode_enabled() or idx.dtype not in _INDEX_DTYPES or
+                off.dtype is not idx.dtype or idx.dim() != 1 or off.dim() != 1 or not idx.is_cpu or not off.is_cpu or
+                mode not in ("sum", "mean") or not idx.is_contiguous() or not off.is_contiguous() or not available())
 
 
 _AGREE: dict[tuple[bool, bool], bool] = {}
