@@ -6,8 +6,8 @@ validators and :func:`~.protect.protect` use, in one process, interleaved: every
 function once, in a fresh seeded random order (a fixed rotation would always run the same function
 right after another and hand it that one's warm caches), and all functions read the same operands
 and tables, so that their residency in the caches is alike; a table comparison draws fresh random
-indices before every call, so that no call finds rows its predecessor in the round just loaded. The overhead is the median over rounds of
-the paired ratio ``checked_r / unchecked_r`` minus one (pairs taken in the same round share the
+indices before every call, so that no call finds rows its predecessor in the round just loaded. The
+overhead is the median over rounds of the paired ratio ``checked_r / unchecked_r`` minus one (pairs taken in the same round share the
 state of the host, which a ratio of medians would not), with a distribution-free 95% interval of
 that median from the order statistics of the ratios (binomial ranks).
 
@@ -63,11 +63,10 @@ def embedding_bag_target(device: str) -> float:
 GEMM_TARGET_MIN_N = 1024
 #: Table comparisons draw fresh random indices before every call (untimed), not once per round: with the
 #: indices of the round, every call but the first found the rows the first one had just brought into the
-#: caches, so each path's time depended on where the shuffle put it (with 9 paths a round, fp32
-#: checked_embedding_bag measured +31% one way and +20% with 4 paths a round on this host)
+#: caches, so each path's time depended on where the shuffle put it and on how many paths a round held
 FRESH_INDICES = ", fresh random indices for every call (untimed)"
-#: Rounds of a table comparison per ``reps``: a lookup is short and its time varies with the fresh
-#: indices of each round, so the median needs many more rounds than a GEMM's to resolve a few percent
+#: Rounds of a table comparison per ``reps``: a lookup is short and its time varies with its fresh
+#: indices, so the median needs many more rounds than a GEMM's to resolve a few percent
 TABLE_ROUNDS = 10
 
 
@@ -114,7 +113,7 @@ def time_interleaved(fns: dict[str, Callable[[], Any]], reps: int, *, device: st
     """Time every function of ``fns`` once per round for ``reps`` rounds, in a seeded random order each round.
 
     ``prepare(r)`` runs untimed before round ``r`` (fresh inputs), ``before_each(name)`` untimed before each
-    call (fresh inputs per call). Returns the :class:`Timings`.
+    call, the warm-up's too (fresh inputs per call). Returns the :class:`Timings`.
     """
     rng = random.Random(seed)
     clock, name, resolution = _clock(device, threads)
@@ -126,9 +125,11 @@ def time_interleaved(fns: dict[str, Callable[[], Any]], reps: int, *, device: st
         if torch.device(device).type == "cuda" and torch.cuda.is_available() else None
     if prepare is not None:
         prepare(-1)
-    for f in fns.values():  # warm-up: caches, lazily built encodings, allocator
-        f()
-        f()
+    for k, f in fns.items():  # warm-up: caches, lazily built encodings, allocator
+        for _ in range(2):
+            if before_each is not None:
+                before_each(k)
+            f()
     for r in range(reps):
         if prepare is not None:
             prepare(r)
@@ -265,12 +266,9 @@ class EmbeddingFunctions:
         self.offsets = torch.arange(0, self.n, length, device=device)
         self.idx = torch.zeros(self.n, dtype=torch.int64, device=device)
 
-    def prepare(self, r: int) -> None:
-        self.idx = torch.randint(0, self.rows, (self.n,), generator=self.g).to(self.device)
-
-    def before_each(self, name: str) -> None:
+    def fresh(self, name: str) -> None:
         """Fresh indices for every call (see :data:`FRESH_INDICES`)."""
-        self.prepare(0)
+        self.idx = torch.randint(0, self.rows, (self.n,), generator=self.g).to(self.device)
 
     def _ok(self, out_rep: tuple[Any, CheckReport]) -> Any:
         out, rep = out_rep

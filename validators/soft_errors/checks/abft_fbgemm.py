@@ -103,7 +103,7 @@ def _table_rows(ctx: GroupContext, threads: int, reps: int, rows: int, d: int, b
     off = torch.arange(0, bags * length, length, device=dev)
     batch: dict[str, torch.Tensor] = {}
 
-    def prepare(r: int) -> None:
+    def fresh(_name: str) -> None:  # fresh indices for every call (see FRESH_INDICES)
         batch["idx"] = torch.randint(0, rows, (bags * length,), generator=g).to(dev)
 
     def unchecked() -> torch.Tensor:
@@ -119,8 +119,8 @@ def _table_rows(ctx: GroupContext, threads: int, reps: int, rows: int, d: int, b
     what = (f"FBGEMM {bits}-bit row-wise {mode} lookup checked against its row checksums (the lookup, then one "
             f"compiled pass: the gather of the R x 1 row sums and the bag verdict) vs FBGEMM's unchecked lookup")
     tag = f"{bits}bit" if mode == "sum" else f"{bits}bit_mean"
-    _timed_rows(ctx, f"{tag}_{rows}x{d}_b{bags}_l{length}", threads, fns, TABLE_ROUNDS * reps, prepare,
-                pair=("fbgemm_again", "fbgemm"), rounds_note=FRESH_INDICES, before_each=lambda _name: prepare(0),
+    _timed_rows(ctx, f"{tag}_{rows}x{d}_b{bags}_l{length}", threads, fns, TABLE_ROUNDS * reps,
+                pair=("fbgemm_again", "fbgemm"), rounds_note=FRESH_INDICES, before_each=fresh,
                 aa_what="the same FBGEMM lookup timed twice",
                 shape=f"FBGEMM {bits}-bit table {rows} x {d}, {bags} bags of {length}, {mode} pooling",
                 rows=((("fbgemm", "fbgemm_checked", "fbgemm", "uint8", what),), ()), limit=embedding_bag_target(ctx.target.device))

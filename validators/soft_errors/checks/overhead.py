@@ -69,7 +69,7 @@ def run_overhead(ctx: GroupContext) -> None:
     with cpu_threads(dev, int(ctx.options["overhead_threads"])) as threads:
         for n in ctx.options["overhead_sizes"]:
             applies = int(n) >= GEMM_TARGET_MIN_N
-            _timed_rows(ctx, str(n), threads, gemm_functions(int(n), dev, seed), reps, None,
+            _timed_rows(ctx, str(n), threads, gemm_functions(int(n), dev, seed), reps,
                         pair=("mm_again", "mm"), rounds_note="", aa_what="a @ b timed twice",
                         shape=f"float32 n={n} (M=K=N)", rows=(GEMM_COMPARISONS, GEMM_FLOORS),
                         limit=TARGETS["gemm"] if applies else None,
@@ -78,9 +78,8 @@ def run_overhead(ctx: GroupContext) -> None:
         for rows, d, bags, length in ctx.options["overhead_tables"]:
             ef = EmbeddingFunctions(int(rows), int(d), int(bags), int(length), dev, seed)
             # a lookup is short and noisy: more rounds
-            _timed_rows(ctx, f"{rows}x{d}_b{bags}_l{length}", threads, ef.functions(), TABLE_ROUNDS * reps, ef.prepare,
-                        pair=("embedding_bag_again", "embedding_bag"), rounds_note=FRESH_INDICES,
-                        before_each=ef.before_each,
+            _timed_rows(ctx, f"{rows}x{d}_b{bags}_l{length}", threads, ef.functions(), TABLE_ROUNDS * reps,
+                        pair=("embedding_bag_again", "embedding_bag"), rounds_note=FRESH_INDICES, before_each=ef.fresh,
                         aa_what="the same lookup timed twice",
                         shape=f"table {rows} x {d}, {bags} bags of {length}, sum pooling",
                         rows=(EMBEDDING_COMPARISONS, EMBEDDING_FLOORS), limit=embedding_bag_target(ctx.target.device))
@@ -97,14 +96,14 @@ def _device_linear_rows(ctx: GroupContext, threads: int, reps: int) -> None:
         for dtype in (torch.float32, torch.bfloat16):
             dt = str(dtype).replace("torch.", "")
             limit = linear_target(dt, int(n), cuda)
-            _timed_rows(ctx, f"{dt}_{n}", threads, device_linear_functions(int(n), dtype, dev, ctx.seed), reps, None,
+            _timed_rows(ctx, f"{dt}_{n}", threads, device_linear_functions(int(n), dtype, dev, ctx.seed), reps,
                         pair=("linear_again", "linear"), rounds_note="", aa_what="F.linear timed twice",
                         shape=f"{dt} Linear n={n} (M=K=N)", rows=(device_comparisons(dt), ()), limit=limit,
                         note="" if limit is not None else "; the GPU targets apply on CUDA at n >= 4096")
 
 
 def _timed_rows(ctx: GroupContext, suffix: str, threads: int, fns: dict[str, Callable[[], Any]], rounds: int,
-                prepare: Callable[[int], None] | None, *, pair: tuple[str, str], rounds_note: str, aa_what: str,
+                *, pair: tuple[str, str], rounds_note: str, aa_what: str,
                 shape: str, rows: tuple[tuple, tuple], limit: float | None, note: str = "",
                 before_each: Callable[[str], None] | None = None) -> None:
     """Time ``fns`` interleaved on the device under test, then write the shape's A/A row (``pair``: the
@@ -112,7 +111,7 @@ def _timed_rows(ctx: GroupContext, suffix: str, threads: int, fns: dict[str, Cal
     load0 = load_average()
     with torch.no_grad(), ctx.target.active():
         t = time_interleaved(fns, rounds, device=ctx.target.device, threads=threads, sync=ctx.target.synchronize,
-                             prepare=prepare, seed=ctx.seed, before_each=before_each)
+                             seed=ctx.seed, before_each=before_each)
     load1 = load_average()
     aa = t.overhead(*pair)
     alo, ahi = t.interval(*pair)
