@@ -86,8 +86,7 @@ def run_gemm(ctx: PerformanceContext) -> None:
             with _tf32(tf32):
                 k, fn = _sized_gemm(label, dtype, n, device, ctx.seed, s["micro_budget_s"] / s["min_reps"], target)
                 ctx.progress.note(f"GEMM {label} {k}x{k}x{k} on {target.label}")
-                calls = timed_calls(fn, target, seconds=s["micro_budget_s"], min_undisturbed=s["min_reps"],
-                            min_calls=s["min_reps"])
+                calls = _calls(fn, target, s)
         except (RuntimeError, TypeError, NotImplementedError) as exc:
             ctx.res.add("gemm_throughput", f"gemm_{n}", "tflops", None, status="skip", dtype=label,
                         detail=f"{label} GEMM does not run on {target.label}: {str(exc).splitlines()[0][:200]}")
@@ -96,6 +95,11 @@ def run_gemm(ctx: PerformanceContext) -> None:
                      f"{len(calls.seconds)} timed {k}x{k}x{k} GEMMs (2n^3 flop each)"
                      + ("; TF32 allowed" if tf32 else ""),
                      nominal.tflops.get(label) if nominal else None, nominal.source if nominal else "")
+
+
+def _calls(fn: Callable[[], Any], target: Any, s: dict[str, Any]) -> Calls:
+    """The timed calls of ``fn`` for the level's budget, and on until ``min_reps`` were undisturbed."""
+    return timed_calls(fn, target, seconds=s["micro_budget_s"], min_undisturbed=s["min_reps"], min_calls=s["min_reps"])
 
 
 def _record_rate(ctx: PerformanceContext, check: str, subject: str, dtype: str, metric: str, unit: str,
@@ -130,8 +134,7 @@ def run_memory(ctx: PerformanceContext) -> None:
              "triad": (lambda: torch.add(b, c, alpha=3.0, out=a), 3 * nbytes)}
     for name, (fn, moved) in cases.items():
         ctx.progress.note(f"memory {name} of {nbytes / 2**20:.0f} MiB arrays on {target.label}")
-        calls = timed_calls(fn, target, seconds=s["micro_budget_s"], min_undisturbed=s["min_reps"],
-                            min_calls=s["min_reps"])
+        calls = _calls(fn, target, s)
         _record_rate(ctx, "memory_bandwidth", name, "float32", "gbps", "GB/s", calls, moved / 1e9,
                      f"{len(calls.seconds)} timed {name}s of {nbytes} B float32 arrays ({moved} B read+written each)",
                      nominal.memory_gbps if nominal else None, nominal.source if nominal else "")
@@ -151,8 +154,7 @@ def run_transfer(ctx: PerformanceContext) -> None:
         kind = "pinned" if pinned else "pageable"
         for direction, fn in (("h2d", lambda h=host: dev.copy_(h)), ("d2h", lambda h=host: h.copy_(dev))):
             ctx.progress.note(f"{direction} {kind} {nbytes / 2**20:.0f} MiB on {target.label}")
-            calls = timed_calls(fn, target, seconds=s["micro_budget_s"], min_undisturbed=s["min_reps"],
-                            min_calls=s["min_reps"])
+            calls = _calls(fn, target, s)
             _record_rate(ctx, "transfer_bandwidth", f"{direction}_{kind}", "float32", "gbps", "GB/s", calls,
                          nbytes / 1e9,
                          f"{len(calls.seconds)} timed {direction} copies of {nbytes} B ({kind} host memory)", None, "")

@@ -62,8 +62,8 @@ def run_sustained(ctx: PerformanceContext) -> None:
     share = float(s["duration"]) / max(len(names), 1)
     # CPU: large blocks from a heap never trimmed (as replay does): otherwise how many page faults a step
     # pays depends on the allocations before it, a run-to-run difference that is not the device's
-    allocator = ex.steady_host_allocator() if ctx.target.torch_device.type == "cpu" else None
-    ctx.settings["host_allocator"] = allocator or "the C library's default"
+    allocator = (ex.steady_host_allocator() if ctx.target.torch_device.type == "cpu" else None) or \
+        "the C library's default"
     with bm.cache_root(ctx.out_dir) as root:
         for name in names:
             bench = bm.reference(name, s["config"], s["mode"], "float32", root, ctx.progress)
@@ -80,8 +80,9 @@ def run_sustained(ctx: PerformanceContext) -> None:
                 samples = sampler.stop()
             ctx.step_times[bench.subject] = calls
             _contention_row(ctx, bench.subject, calls)
-            _distribution_rows(ctx, bench.subject, calls, f"host load average {load} -> {loadavg()}")
-            _drift_row(ctx, bench.subject, calls.chosen, calls.starts[-1] + calls.seconds[-1] if calls.starts else 0.0)
+            _distribution_rows(ctx, bench.subject, calls,
+                               f"host load average {load} -> {loadavg()} (1, 5, 15 min); host allocator: {allocator}")
+            _drift_row(ctx, bench.subject, calls.chosen, calls.elapsed)
             _clock_rows(ctx, bench.subject, sampler, samples)
             if ctx.target.mode_factory is not None and s["paired"]:
                 run_paired(ctx, bench.subject, executor, share * s["paired_share"])
@@ -92,14 +93,13 @@ def _contention_row(ctx: PerformanceContext, subject: str, calls: Calls) -> None
     k = len(calls.undisturbed)
     ctx.res.add("host_contention", subject, "undisturbed_steps", k, threshold=calls.min_undisturbed,
                 status="pass" if calls.enough else "inconclusive", dtype="float32",
-                detail=f"{calls.describe()}; {MIN_UNDISTURBED} undisturbed steps are needed for the p95's "
-                       f"interval (the budget was extended up to {CAP:g}x to collect them)")
+                detail=f"{calls.describe()}; {MIN_UNDISTURBED} undisturbed steps are needed for the figures' "
+                       f"intervals (the budget was extended up to {CAP:g}x to collect them)")
 
 
-def _distribution_rows(ctx: PerformanceContext, subject: str, calls: Calls, load: str) -> None:
+def _distribution_rows(ctx: PerformanceContext, subject: str, calls: Calls, host: str) -> None:
     ms = [t * 1e3 for t in calls.chosen]
-    how = (f"{len(ms)} of {len(calls.seconds)} steps run back to back on {ctx.target.label}: {calls.describe()}; "
-           f"{load} (1, 5, 15 min); host allocator: {ctx.settings.get('host_allocator', 'not set')}")
+    how = f"{len(ms)} of {len(calls.seconds)} steps run back to back on {ctx.target.label}: {calls.describe()}; {host}"
     check = "step_time" if calls.enough else "step_time_disturbed"  # a disturbed figure is not compared
     record = ctx.record if calls.enough else ctx.record_only
     how += ("; intervals by batch means (the figure of each of up to 10 consecutive batches of steps, the "

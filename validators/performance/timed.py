@@ -55,6 +55,11 @@ class Calls:
         return [t for t, ok in zip(self.seconds, self.flags) if ok]
 
     @property
+    def elapsed(self) -> float:
+        """Seconds from the first call's start to the last call's end (0 without calls)."""
+        return self.starts[-1] + self.seconds[-1] if self.starts else 0.0
+
+    @property
     def enough(self) -> bool:
         """Whether the minimum of undisturbed calls was reached."""
         return len(self.undisturbed) >= self.min_undisturbed
