@@ -316,3 +316,83 @@ def test_gpu_micro_checks_reach_80_percent_of_nominal(tmp_path):
     assert bf16.max() >= 0.8 and mem.max() >= 0.8, frac[["subject", "dtype", "value"]].to_string()
 
 
+
+
+# -- evidence on accelerators (the first H100 runs) ---------------------------------------------------
+
+class _Rows:
+    def __init__(self):
+        self.rows = []
+
+    def add(self, check, subject, metric, value, **kw):
+        self.rows.append({"check": check, "subject": subject, "metric": metric, "value": value, **kw})
+
+
+class _Ctx:
+    def __init__(self, tol=0.1):
+        self.settings = {"drift_tolerance": tol}
+        self.res = _Rows()
+
+
+def _decaying(n=600, factor=1.8):
+    """Step seconds whose last third is ``factor`` times slower than the first (the H100's dlrm steps)."""
+    return [1e-3] * (n // 3) + [1.4e-3] * (n - 2 * (n // 3)) + [factor * 1e-3] * (n // 3)
+
+
+@pytest.mark.parametrize("busy, status", [(None, "fail"), (0.97, "fail"), (0.30, "info"),
+                                          (1 / 1.1 - 0.01, "info"), (1 / 1.1 + 0.01, "fail")])
+def test_a_step_the_device_idles_in_has_no_drift_verdict(busy, status):
+    """On an H100 the 1 ms dlrm step drifted 1.8x with the GPU busy ~25% and its clocks flat: a step the
+    device idles in waits on its host. Below 1/(1+tol) busy a device slowing by tol may not show at all."""
+    from mystique.validators.performance.sustained import _drift_row
+
+    ctx = _Ctx()
+    _drift_row(ctx, "dlrm/small/infer", _decaying(), 20.0, busy)
+    row, = ctx.res.rows
+    assert row["status"] == status
+    if status == "info":
+        assert "waited on its host" in row["detail"] and "clock_drop" in row["detail"]
+
+
+def test_clock_evidence_names_the_clock_power_and_throttle_reasons():
+    from mystique.validators.performance import clocks
+
+    samples = [(0.0, {"sm_clock_mhz": 1980.0, "power_w": 300.0, "temperature_c": 40.0, "throttle_reasons": 0.0}),
+               (0.1, {"sm_clock_mhz": 1500.0, "power_w": 690.0, "temperature_c": 50.0, "throttle_reasons": 4.0}),
+               (0.2, {"sm_clock_mhz": 1470.0, "power_w": 699.0, "temperature_c": 51.0, "throttle_reasons": 4.0})]
+    text = clocks.describe(samples, "NVML")
+    assert "SM clock median 1500 MHz (1470-1980)" in text and "power median 690 W" in text
+    assert "sw_power_cap" in text and "3 samples, NVML" in text
+    assert clocks.throttle_names(samples[:1]) == []
+    assert clocks.describe([], "no NVML") == "no clock evidence (no NVML)"
+
+
+def test_nvml_finds_the_gpu_by_bus_id_and_falls_back_to_the_index(monkeypatch):
+    """torch numbers the devices CUDA_VISIBLE_DEVICES leaves, NVML all of them: the bus id is asked first."""
+    import sys
+    import types
+
+    from mystique.validators.performance import clocks
+
+    asked = []
+
+    class NVMLError(Exception):
+        pass
+
+    def by_bus(bus):
+        asked.append(("bus", bus))
+        if bus == "bad":
+            raise NVMLError("not found")
+        return "handle-bus"
+
+    def by_index(i):
+        asked.append(("index", i))
+        return "handle-index"
+
+    fake = types.SimpleNamespace(nvmlInit=lambda: None, NVMLError=NVMLError, nvmlDeviceGetHandleByPciBusId=by_bus,
+                                 nvmlDeviceGetHandleByIndex=by_index)
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    assert clocks._Nvml(3, "00000000:19:00.0").handle == "handle-bus"
+    assert clocks._Nvml(3, "bad").handle == "handle-index"
+    assert clocks._Nvml(3, None).handle == "handle-index"
+    assert asked == [("bus", "00000000:19:00.0"), ("bus", "bad"), ("index", 3), ("index", 3)]

@@ -3,7 +3,10 @@
 :class:`ClockSampler` samples in a background thread every ``interval_s``:
 
 * NVIDIA GPUs through NVML (``pynvml`` from the optional ``nvidia-ml-py``, extra ``[nvml]``): SM and
-  memory clocks (MHz), power (W), temperature (C) and the clock-throttle reason bits;
+  memory clocks (MHz), power (W), temperature (C), the clock-throttle reason bits and the GPU
+  utilisation (``gpu_util_pct``: the share of NVML's last sample period, 1/6 s to 1 s, in which a
+  kernel ran). The GPU is found by its PCI bus id, so ``CUDA_VISIBLE_DEVICES`` renumbering does not
+  point NVML at another device;
 * CPUs: the current frequency (MHz) of the CPUs this process may run on, from
   ``/sys/devices/system/cpu/cpuN/cpufreq/scaling_cur_freq`` or else ``/proc/cpuinfo``'s ``cpu MHz``
   (on many VMs a constant nominal figure: the rows say which source was read).
@@ -22,6 +25,9 @@ from pathlib import Path
 from typing import Any
 
 _MHZ = re.compile(r"^cpu MHz\s*:\s*([0-9.]+)", re.M)
+# NVML clock-throttle reason bits that mean the device slowed itself (not idle or app clocks)
+THROTTLE_BITS = {0x4: "sw_power_cap", 0x8: "hw_slowdown", 0x20: "sw_thermal", 0x40: "hw_thermal",
+                 0x80: "hw_power_brake"}
 
 
 def _cpus() -> list[int]:
@@ -56,12 +62,20 @@ def cpu_mhz() -> tuple[float | None, str]:
 class _Nvml:
     """NVML readings of one GPU (index ``index``)."""
 
-    def __init__(self, index: int):
+    def __init__(self, index: int, pci_bus_id: str | None = None):
         import pynvml  # optional: nvidia-ml-py (extra [nvml])
 
         pynvml.nvmlInit()
         self.nv = pynvml
-        self.handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        # torch numbers the devices CUDA_VISIBLE_DEVICES leaves, NVML every device: the bus id names one
+        self.handle = None
+        if pci_bus_id:
+            try:
+                self.handle = pynvml.nvmlDeviceGetHandleByPciBusId(pci_bus_id)
+            except pynvml.NVMLError:  # (a bus id format this driver does not take: the index, as before)
+                self.handle = None
+        if self.handle is None:
+            self.handle = pynvml.nvmlDeviceGetHandleByIndex(index)
 
     def read(self) -> dict[str, float]:
         nv, h = self.nv, self.handle
@@ -76,12 +90,60 @@ class _Nvml:
             out["throttle_reasons"] = float(nv.nvmlDeviceGetCurrentClocksThrottleReasons(h))
         except (nv.NVMLError, AttributeError):
             pass
+        try:
+            out["gpu_util_pct"] = float(nv.nvmlDeviceGetUtilizationRates(h).gpu)
+        except (nv.NVMLError, AttributeError):
+            pass
         return out
 
 
-# NVML clock-throttle reason bits that mean the device slowed itself (not idle or app clocks)
-THROTTLE_BITS = {0x4: "sw_power_cap", 0x8: "hw_slowdown", 0x20: "sw_thermal", 0x40: "hw_thermal",
-                 0x80: "hw_power_brake"}
+def _pci_bus_id(dev: Any) -> str | None:
+    """The PCI bus id (``domain:bus:device.0``) torch reports for a CUDA device, or None."""
+    import torch
+
+    try:
+        p = torch.cuda.get_device_properties(dev)
+        return f"{int(p.pci_domain_id):08X}:{int(p.pci_bus_id):02X}:{int(p.pci_device_id):02X}.0"
+    except (AttributeError, RuntimeError, TypeError, ValueError):
+        return None
+
+
+def throttle_names(samples: list[tuple[float, dict[str, float]]]) -> list[str]:
+    """The throttle reasons (:data:`THROTTLE_BITS`) seen in any of ``samples``."""
+    bits = 0
+    for _, v in samples:
+        bits |= int(v.get("throttle_reasons", 0))
+    return [name for bit, name in THROTTLE_BITS.items() if bits & bit]
+
+
+def median_of(samples: list[tuple[float, dict[str, float]]], metric: str) -> float | None:
+    """The median of ``metric`` over the samples that carry it, or None."""
+    vals = sorted(v[metric] for _, v in samples if metric in v)
+    return vals[len(vals) // 2] if vals else None
+
+
+def describe(samples: list[tuple[float, dict[str, float]]], source: str) -> str:
+    """One phrase for a row's detail: the clocks, power and throttle reasons while the calls ran."""
+    parts = []
+    clock = "sm_clock_mhz" if any("sm_clock_mhz" in v for _, v in samples) else "cpu_mhz"
+    vals = [v[clock] for _, v in samples if clock in v]
+    if vals:
+        parts.append(f"{'SM' if clock == 'sm_clock_mhz' else 'CPU'} clock median {median_of(samples, clock):.0f} MHz "
+                     f"({min(vals):.0f}-{max(vals):.0f})")
+    power = median_of(samples, "power_w")
+    if power is not None:
+        parts.append(f"power median {power:.0f} W")
+    temp = median_of(samples, "temperature_c")
+    if temp is not None:
+        parts.append(f"{temp:.0f} C")
+    named = throttle_names(samples)
+    if named:
+        parts.append(f"throttle reasons: {', '.join(named)}")
+    if not parts:
+        return f"no clock evidence ({source})"
+    return f"during these calls {', '.join(parts)} ({len(samples)} samples, {source})"
+
+
 
 
 class ClockSampler:
@@ -101,7 +163,7 @@ class ClockSampler:
 
                 dev = torch.device(device)
                 index = dev.index if dev.index is not None else torch.cuda.current_device()
-                self._read = _Nvml(index).read
+                self._read = _Nvml(index, _pci_bus_id(index)).read
                 self.source = "NVML"
             except ImportError:
                 self.source = "no NVML: install nvidia-ml-py (pip install 'mystique-suite[nvml]')"

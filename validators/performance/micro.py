@@ -6,8 +6,11 @@ each call) for the level's time budget, and on until ``min_reps`` calls were und
 (:mod:`.timed`); the row's value is the median rate of the undisturbed calls with its 95% interval
 by batch means (:func:`.stats.batch_interval`). A figure the host left too few undisturbed calls is
 a ``<check>_disturbed`` row, which the fleet does not compare. Where :mod:`.nominal` knows the device, a
-``fraction_of_nominal`` row divides the median by the datasheet peak. Measured figures are
-``info``: the fleet group judges them against peers.
+``fraction_of_nominal`` row divides the median by the datasheet peak. On an accelerator the clocks,
+power and throttle reasons sampled while the calls ran (:class:`.clocks.ClockSampler`, NVML on NVIDIA
+GPUs) are in the row's detail: a datasheet peak is quoted at a boost clock that a power-capped
+device does not hold under a long run of large GEMMs, and the detail says which clock the figure was
+made at. Measured figures are ``info``: the fleet group judges them against peers.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from typing import Any
 import torch
 
 from ._ctx import Measured, PerformanceContext
+from .clocks import ClockSampler, describe
 from .nominal import lookup
 from .stats import batch_interval
 from .timed import Calls, timed_calls
@@ -86,7 +90,7 @@ def run_gemm(ctx: PerformanceContext) -> None:
             with _tf32(tf32):
                 k, fn = _sized_gemm(label, dtype, n, device, ctx.seed, s["micro_budget_s"] / s["min_reps"], target)
                 ctx.progress.note(f"GEMM {label} {k}x{k}x{k} on {target.label}")
-                calls = _calls(fn, target, s)
+                calls, clocks = _calls(fn, target, s)
         except (RuntimeError, TypeError, NotImplementedError) as exc:
             ctx.res.add("gemm_throughput", f"gemm_{n}", "tflops", None, status="skip", dtype=label,
                         detail=f"{label} GEMM does not run on {target.label}: {str(exc).splitlines()[0][:200]}")
@@ -94,23 +98,33 @@ def run_gemm(ctx: PerformanceContext) -> None:
         _record_rate(ctx, "gemm_throughput", f"gemm_{k}", label, "tflops", "TFLOP/s", calls, 2.0 * k**3 / 1e12,
                      f"{len(calls.seconds)} timed {k}x{k}x{k} GEMMs (2n^3 flop each)"
                      + ("; TF32 allowed" if tf32 else ""),
-                     nominal.tflops.get(label) if nominal else None, nominal.source if nominal else "")
+                     nominal.tflops.get(label) if nominal else None, nominal.source if nominal else "", clocks)
 
 
-def _calls(fn: Callable[[], Any], target: Any, s: dict[str, Any]) -> Calls:
-    """The timed calls of ``fn`` for the level's budget, and on until ``min_reps`` were undisturbed."""
-    return timed_calls(fn, target, seconds=s["micro_budget_s"], min_undisturbed=s["min_reps"], min_calls=s["min_reps"])
+def _calls(fn: Callable[[], Any], target: Any, s: dict[str, Any]) -> tuple[Calls, str]:
+    """The timed calls of ``fn`` for the level's budget, and on until ``min_reps`` were undisturbed; and, on an
+    accelerator, "; " and the clock evidence sampled meanwhile (empty on the CPU, whose sampling thread would
+    compete with the calls for its cores)."""
+    sampler = ClockSampler(target.device) if target.torch_device.type != "cpu" else None
+    if sampler is not None:
+        sampler.start()
+    try:
+        calls = timed_calls(fn, target, seconds=s["micro_budget_s"], min_undisturbed=s["min_reps"],
+                            min_calls=s["min_reps"])
+    finally:
+        samples = sampler.stop() if sampler is not None else []
+    return calls, (describe(samples, sampler.source) if sampler is not None else "")
 
 
 def _record_rate(ctx: PerformanceContext, check: str, subject: str, dtype: str, metric: str, unit: str,
-                 calls: Calls, work: float, how: str, peak: float | None, source: str) -> None:
+                 calls: Calls, work: float, how: str, peak: float | None, source: str, clocks: str = "") -> None:
     """The median rate (``work`` per second) of the undisturbed calls (all calls, as
-    ``<check>_disturbed``, when too few were)."""
+    ``<check>_disturbed``, when too few were); ``clocks`` the clock evidence of the calls, if any."""
     rates = [work / t if t > 0 else float("nan") for t in calls.chosen]
     med = statistics.median(rates)
     lo, hi = batch_interval(rates, statistics.median)
     m = Measured(med, lo, hi, True, unit)
-    detail = f"{how}; median of the rates; {calls.describe()}"
+    detail = f"{how}; median of the rates; {calls.describe()}" + (f"; {clocks}" if clocks else "")
     if calls.enough:
         ctx.record(check, subject, dtype, metric, m, detail)
     else:  # the host was too busy: a figure, not compared with the fleet
@@ -118,7 +132,8 @@ def _record_rate(ctx: PerformanceContext, check: str, subject: str, dtype: str, 
     if peak:
         ctx.res.add("fraction_of_nominal", f"{check}/{subject}", "fraction", med / peak, status="info",
                     dtype=dtype, threshold=None,
-                    detail=f"median {med:.4g} {unit} of nominal {peak:g} {unit} ({source})")
+                    detail=f"median {med:.4g} {unit} of nominal {peak:g} {unit} ({source})"
+                           + (f"; {clocks}" if clocks else ""))
 
 
 def run_memory(ctx: PerformanceContext) -> None:
@@ -134,10 +149,10 @@ def run_memory(ctx: PerformanceContext) -> None:
              "triad": (lambda: torch.add(b, c, alpha=3.0, out=a), 3 * nbytes)}
     for name, (fn, moved) in cases.items():
         ctx.progress.note(f"memory {name} of {nbytes / 2**20:.0f} MiB arrays on {target.label}")
-        calls = _calls(fn, target, s)
+        calls, clocks = _calls(fn, target, s)
         _record_rate(ctx, "memory_bandwidth", name, "float32", "gbps", "GB/s", calls, moved / 1e9,
                      f"{len(calls.seconds)} timed {name}s of {nbytes} B float32 arrays ({moved} B read+written each)",
-                     nominal.memory_gbps if nominal else None, nominal.source if nominal else "")
+                     nominal.memory_gbps if nominal else None, nominal.source if nominal else "", clocks)
 
 
 def run_transfer(ctx: PerformanceContext) -> None:
@@ -154,7 +169,7 @@ def run_transfer(ctx: PerformanceContext) -> None:
         kind = "pinned" if pinned else "pageable"
         for direction, fn in (("h2d", lambda h=host: dev.copy_(h)), ("d2h", lambda h=host: h.copy_(dev))):
             ctx.progress.note(f"{direction} {kind} {nbytes / 2**20:.0f} MiB on {target.label}")
-            calls = _calls(fn, target, s)
+            calls, _ = _calls(fn, target, s)
             _record_rate(ctx, "transfer_bandwidth", f"{direction}_{kind}", "float32", "gbps", "GB/s", calls,
                          nbytes / 1e9,
                          f"{len(calls.seconds)} timed {direction} copies of {nbytes} B ({kind} host memory)", None, "")

@@ -21,7 +21,11 @@ generated into a plan) is replayed by the executor on the device under test, ins
   the whole interval lies above ``1 + drift_tolerance`` (the device slowed down under load by more
   than the tolerance, with confidence), passes when it lies at or below, else is inconclusive.
   A workload run for less than 15 s (the self-test's short step, a campaign's runs) cannot show
-  thermal decay, so there the row is a measurement.
+  thermal decay, so there the row is a measurement. So is a step the device was idle for part of:
+  where NVML reports the GPU busy (a kernel running) less than ``1 / (1 + tolerance)`` of the time
+  (91%), the step waits on its host, and the device can slow down by the whole tolerance without the
+  step slowing at all; what moves such a step is the host's speed (a small step on a fast GPU is
+  bound by the Python and launch work of one CPU core). ``clock_drop`` keeps the device's verdict there.
   The tolerance (10%) is the size of the clock steps of thermal and power capping
   (one P-state step of a GPU's boost table or a CPU's turbo bins is about 5-15% of the clock); a
   decay smaller than that is within what a healthy device's clock governor does.
@@ -42,7 +46,7 @@ from mystique.replay import runtime as ex
 from mystique.timing import loadavg
 
 from ._ctx import Measured, PerformanceContext
-from .clocks import THROTTLE_BITS, ClockSampler
+from .clocks import ClockSampler, median_of, throttle_names
 from .paired import run_paired
 from .stats import batch_interval, cv, quantile, quantile_interval, ratio_interval, slowdown_verdict
 from .timed import CAP, MIN_UNDISTURBED, Calls, timed_calls
@@ -82,7 +86,8 @@ def run_sustained(ctx: PerformanceContext) -> None:
             _contention_row(ctx, bench.subject, calls)
             _distribution_rows(ctx, bench.subject, calls,
                                f"host load average {load} -> {loadavg()} (1, 5, 15 min); host allocator: {allocator}")
-            _drift_row(ctx, bench.subject, calls.chosen, calls.elapsed)
+            util = median_of(samples, "gpu_util_pct")
+            _drift_row(ctx, bench.subject, calls.chosen, calls.elapsed, None if util is None else util / 100.0)
             _clock_rows(ctx, bench.subject, sampler, samples)
             if ctx.target.mode_factory is not None and s["paired"]:
                 run_paired(ctx, bench.subject, executor, share * s["paired_share"])
@@ -125,8 +130,10 @@ def _thirds(xs: list[float]) -> tuple[list[float], list[float]]:
     return xs[:k], xs[len(xs) - k:]
 
 
-def _drift_row(ctx: PerformanceContext, subject: str, times: list[float], seconds: float) -> None:
-    """``throughput_drift`` of ``times`` (step seconds in order) from a run of ``seconds`` under load."""
+def _drift_row(ctx: PerformanceContext, subject: str, times: list[float], seconds: float,
+               busy: float | None = None) -> None:
+    """``throughput_drift`` of ``times`` (step seconds in order) from a run of ``seconds`` under load, on a
+    device that ran kernels ``busy`` of the time (None: unknown, as on a CPU, where the host is the device)."""
     tol = float(ctx.settings["drift_tolerance"])
     first, last = _thirds([t * 1e3 for t in times])
     if len(first) < 6:
@@ -137,7 +144,9 @@ def _drift_row(ctx: PerformanceContext, subject: str, times: list[float], second
     lo, hi = ratio_interval(quantile_interval(last, DRIFT_Q), quantile_interval(first, DRIFT_Q))
     status = slowdown_verdict(lo, hi, 1.0 + tol)
     short = seconds < MIN_DRIFT_S  # too short for a device to heat up: what moved is the host
-    if short:
+    # a device idle part of each step can slow by up to 1/busy - 1 unseen: below 1/(1+tol) the step is the host's
+    host_bound = busy is not None and busy < 1.0 / (1.0 + tol)
+    if short or host_bound:
         status = "info"
     ctx.res.add("throughput_drift", subject, "last_over_first", r, threshold=1.0 + tol, status=status,
                 dtype="float32",
@@ -147,7 +156,13 @@ def _drift_row(ctx: PerformanceContext, subject: str, times: list[float], second
                        f"thermal/power capping) with confidence"
                        + (f"; a measurement: {seconds:.1f} s under load is shorter than the {MIN_DRIFT_S:g} s a "
                           "device takes to heat up (a heat sink's time constant is tens of seconds), so a shift "
-                          "this short is the host's" if short else ""))
+                          "this short is the host's" if short else "")
+                       + (f"; a measurement: the device ran kernels {busy:.0%} of the time (NVML utilisation, "
+                          f"median), under the {1.0 / (1.0 + tol):.0%} at which a slowdown of 1+{tol:g} must show "
+                          "in the step: the step waited on its host, whose speed is what moved it; clock_drop "
+                          "holds the device's verdict" if host_bound else "")
+                       + (f"; device busy {busy:.0%} of the time (NVML)" if busy is not None and not host_bound
+                          else ""))
 
 
 def _clock_rows(ctx: PerformanceContext, subject: str, sampler: ClockSampler,
@@ -167,10 +182,7 @@ def _clock_rows(ctx: PerformanceContext, subject: str, sampler: ClockSampler,
     first, last = _thirds(clocks)
     r = statistics.median(last) / statistics.median(first) if statistics.median(first) else float("nan")
     tol = float(ctx.settings["drift_tolerance"])
-    bits = 0
-    for _, v in samples:
-        bits |= int(v.get("throttle_reasons", 0))
-    named = [name for bit, name in THROTTLE_BITS.items() if bits & bit]
+    named = throttle_names(samples)
     flat = len(set(clocks)) == 1
     status = "fail" if r < 1.0 - tol else "pass"
     ctx.res.add("clock_drop", subject, "last_over_first", r, threshold=1.0 - tol, status=status,
