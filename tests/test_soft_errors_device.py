@@ -444,3 +444,58 @@ def test_a_deferred_verdict_whose_output_was_modified_in_place_is_unchecked_neve
     y.relu_()  # (what nn.ReLU(inplace=True) after the layer does before the guard reads its verdicts)
     rep = stale.report()
     assert not rep.alarm and not rep.checked and rep.max_ratio > 1
+
+
+def _h100_false_positive_case():
+    """The clean fp16 GEMM an H100 alarmed on (false_positives seed 0, trial seed 513690122354366768):
+    rows of fp16-subnormal operands next to rows 10^4 larger."""
+    from mystique.validators.soft_errors.campaign import DISTRIBUTIONS, random_matrix
+
+    s = 513690122354366768
+    import random
+
+    rng, g = random.Random(s), torch.Generator().manual_seed(s)
+    dist, scale = rng.choice(DISTRIBUTIONS), 10.0 ** rng.uniform(-6, 6)
+    m, k, n = (rng.randint(1, 48) for _ in range(3))
+    a = (random_matrix((m, k), dist, g) * min(scale, 1e3)).to(torch.float16)
+    b = random_matrix((k, n), dist, g).to(torch.float16)
+    return a, b
+
+
+def test_fp16_rows_are_held_to_the_products_scale_as_the_h100_kernel_errs():
+    """The H100's fp16 GEMM with fp32 output erred by up to 0.34 u of the largest row's sum |a||b| in rows
+    hundreds of times smaller (1195 u of their own): held to the largest row's threshold, such a product
+    passes, and a flip significant at 2^-7 rms(C) in one of those rows is still found and located."""
+    from mystique.validators.soft_errors.abft.encoding import encode_gemm
+    from mystique.validators.soft_errors.abft.gemm import SCALE_FLOOR_DTYPES, verify_gemm
+
+    assert torch.float16 in SCALE_FLOOR_DTYPES and torch.bfloat16 not in SCALE_FLOOR_DTYPES
+    a, b = _h100_false_positive_case()
+    exact = a.double() @ b.double()
+    scale = float((a.double().abs() @ b.double().abs()).amax())
+    noise = torch.empty_like(exact).uniform_(-1, 1, generator=torch.Generator().manual_seed(1))
+    device = (exact + noise * 0.34 * 2.0**-24 * scale).float()  # the error pattern the H100 showed
+    enc = lambda: encode_gemm(a.float(), b.float())  # noqa: E731
+    for exact_ratio in (False, True):
+        assert verify_gemm(enc(), device, dtype=torch.float16, exact_ratio=exact_ratio).alarm  # per-row: alarms
+        assert not verify_gemm(enc(), device, dtype=torch.float16, exact_ratio=exact_ratio, scale_floor=True).alarm
+    tiny = int((a.float().abs().amax(1)).argmin())
+    flipped = device.clone()
+    flipped[tiny, 3] += 2.0**-7 * float(exact.square().mean().sqrt())
+    rep = verify_gemm(enc(), flipped, dtype=torch.float16, scale_floor=True)
+    assert rep.alarm and rep.location == (tiny, 3), rep.describe()
+
+
+def test_checked_mm_holds_the_device_fp16_kernel_to_the_products_scale(monkeypatch):
+    """checked_mm takes the scale floor where the device's own fp16 kernel made the accumulator, not elsewhere."""
+    from mystique.validators.soft_errors.abft import gemm
+
+    a, b = _h100_false_positive_case()
+    exact = a.double() @ b.double()
+    scale = float((a.double().abs() @ b.double().abs()).amax())
+    noise = torch.empty_like(exact).uniform_(-1, 1, generator=torch.Generator().manual_seed(1))
+    monkeypatch.setattr(gemm, "device_half_mm", lambda x, y: (exact + noise * 0.34 * 2.0**-24 * scale).float())
+    monkeypatch.setattr(gemm, "missing", lambda device: False)
+    assert not gemm.checked_mm(a, b, exact_ratio=True)[1].alarm
+    monkeypatch.setattr(gemm, "SCALE_FLOOR_DTYPES", ())
+    assert gemm.checked_mm(a, b, exact_ratio=True)[1].alarm

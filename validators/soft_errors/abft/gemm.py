@@ -45,6 +45,18 @@ from .encoding import (
 from .flags import U_TF32_PRODUCT, precise_fp32
 from .report import CLEAR, FLOATS, GEMM_LAMBDA, UNIT_ROUNDOFF, CheckReport, dtype_name, host, np_view
 
+#: half dtypes whose device GEMM (``torch.mm(a, b, out_dtype=torch.float32)``) errs in proportion to the
+#: product's scale rather than each row's: on an H100 (torch 2.11, cuBLAS of CUDA 13.0, 2026-11-27) the fp16
+#: kernel's error in rows of fp16-subnormal operands reached 1195 u sum_k |a_ik b_kj| of that row, while it
+#: stayed within 0.34 u of the largest row's sum_k |a_ik b_kj| (the upcast fp32 product stayed within 1.9 u
+#: of each row's own, and so did a GEMM whose rows were all subnormal, K = 16 to 256: the error follows the
+#: largest row of the product). Every row is therefore held to the largest row's threshold (only once a row
+#: would be flagged, so a clean check costs nothing more): a smaller row's flip then goes unseen only where
+#: the same flip in the largest row would; the detection campaign (flips significant at 2^-7 rms(C)) counts
+#: what that costs. bf16 (fp32's exponent range: no subnormal operands at these scales) was clean there in
+#: the same campaign and keeps its per-row threshold.
+SCALE_FLOOR_DTYPES = (torch.float16,)
+
 
 def compiled_ok(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Whether a checked product of these operands can take the compiled CPU verdict with its arguments
@@ -77,11 +89,14 @@ def prime(enc: GemmEncoding, lam: float | None, u_out: float = 0.0) -> None:
 
 
 def _verify_rows(rc: RowChecks, c: torch.Tensor, *, u: float, lam: float, u_out: float, exact_ratio: bool = False,
-                 diff: np.ndarray | None = None, out_dtype: torch.dtype | None = None) -> tuple[list[int], float, bool]:
+                 diff: np.ndarray | None = None, out_dtype: torch.dtype | None = None,
+                 scale_floor: bool = False) -> tuple[list[int], float, bool]:
     """Flagged rows (first 16), the largest ratio and whether a verdict was possible.
 
     ``exact_ratio`` skips the lower-bound thresholds, so that the ratio is exact (for calibration);
     ``diff`` is ``max_w |(W^T C^T - ref)_wi|`` when the caller has it already (no second pass over C).
+    ``scale_floor``: no row's threshold is below the largest row's (see :data:`SCALE_FLOOR_DTYPES`); the
+    largest ``||a_i||`` costs a pass over A, made only when a row would otherwise be flagged.
     """
     m, n = c.shape
     if m == 0:
@@ -108,6 +123,8 @@ def _verify_rows(rc: RowChecks, c: torch.Tensor, *, u: float, lam: float, u_out:
         thr = base_c + na * (factor * vmax)
         if exact_ratio or not bool((d_c <= thr).all()):  # exact ||r|| only when the exact ||a_i|| was not enough
             thr = base_c + na * (factor * rc.r_norm())
+        if scale_floor and not bool((d_c <= thr).all()):  # the product's scale, only before an alarm
+            thr = np.maximum(thr, base_c + float(rc.row_norms(np.arange(m)).max()) * (factor * rc.r_norm()))
         valid = np.isfinite(rc.ref[:, cand]).all(0) & np.isfinite(thr)
         bad = ~(d_c <= thr) & valid
         ratio[cand] = np.where(valid, d_c / thr, 0.0)
@@ -118,7 +135,8 @@ def _verify_rows(rc: RowChecks, c: torch.Tensor, *, u: float, lam: float, u_out:
 @torch.no_grad()
 def verify_gemm(enc: GemmEncoding, c: torch.Tensor, *, dtype: torch.dtype, lam: float | None = None,
                 u: float | None = None, u_out: float = 0.0, op: str = "gemm", exact_ratio: bool = False,
-                diff: np.ndarray | None = None, out_dtype: torch.dtype | None = None) -> CheckReport:
+                diff: np.ndarray | None = None, out_dtype: torch.dtype | None = None,
+                scale_floor: bool = False) -> CheckReport:
     """Compare the computed product ``c`` (accumulator precision) with the encoding.
 
     ``u`` defaults to the unit roundoff of ``c.dtype``; ``u_out`` adds the rounding of an output
@@ -127,7 +145,9 @@ def verify_gemm(enc: GemmEncoding, c: torch.Tensor, *, dtype: torch.dtype, lam: 
     ``max_w |(W^T C^T - ref)_wi|`` per row when the caller computed it already. On the CPU the
     checksums of C and the lower-bound verdict are one compiled pass (:mod:`.._kernels`), which the
     exact verdict reuses, so both read the same checksums. ``out_dtype``: the half dtype the output was
-    rounded to (its subnormal term, see :func:`.encoding.gemm_constants`). Returns a :class:`CheckReport`.
+    rounded to (its subnormal term, see :func:`.encoding.gemm_constants`). ``scale_floor``: every row is
+    held to at least the largest row's threshold (a device half kernel whose error follows the product's
+    scale, :data:`SCALE_FLOOR_DTYPES`). Returns a :class:`CheckReport`.
     """
     rc = enc.rows
     fast = rc.fast if rc is not None else None
@@ -168,7 +188,7 @@ def verify_gemm(enc: GemmEncoding, c: torch.Tensor, *, dtype: torch.dtype, lam: 
     checked = True
     if enc.rows is not None:
         rows, r, ok = _verify_rows(enc.rows, c, u=u, lam=lam, u_out=u_out, exact_ratio=exact_ratio, diff=diff,
-                                   out_dtype=out_dtype)
+                                   out_dtype=out_dtype, scale_floor=scale_floor)
         ratios.append(r)
         checked &= ok
     col_enc = enc.cols
@@ -176,7 +196,7 @@ def verify_gemm(enc: GemmEncoding, c: torch.Tensor, *, dtype: torch.dtype, lam: 
         col_enc = col_checks(enc.rows.a, enc.rows.b, enc.bias)  # only after an alarm: locate it
     if col_enc is not None:
         cols, r, ok = _verify_rows(col_enc, c.t(), u=u, lam=lam, u_out=u_out, exact_ratio=exact_ratio,
-                                   out_dtype=out_dtype)
+                                   out_dtype=out_dtype, scale_floor=scale_floor)
         ratios.append(r)
         checked &= ok
     alarm = bool(rows or cols)
@@ -306,10 +326,12 @@ def checked_mm(a: torch.Tensor, b: torch.Tensor, *, checks: str = "row", lam: fl
         prime(enc, lam)
     acc = device_half_mm(a, b) if is_half else None
     u = None  # (the unit roundoff of c's dtype, fp32, unless the device's half GEMM accumulates otherwise)
+    floor = acc is not None and a.dtype in SCALE_FLOOR_DTYPES
     if acc is None:
         acc = a32 @ b32
     elif accumulation_u(a) != UNIT_ROUNDOFF[torch.float32]:
         u = accumulation_u(a)
     if a.dtype == torch.float32:
         return acc, verify_gemm(enc, acc, dtype=a.dtype, lam=lam, exact_ratio=exact_ratio)
-    return acc.to(a.dtype), verify_gemm(enc, acc, dtype=a.dtype, lam=lam, u=u, exact_ratio=exact_ratio)
+    return acc.to(a.dtype), verify_gemm(enc, acc, dtype=a.dtype, lam=lam, u=u, exact_ratio=exact_ratio,
+                                        scale_floor=floor)
