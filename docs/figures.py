@@ -9,6 +9,12 @@ host, device and torch version come from the results rows themselves.
     python docs/figures.py --check               # exit 1 when docs/figures.md is not what it would write
     python docs/figures.py record NAME [--note TEXT] -- validate soft-errors --group overhead
                                                  # run `mystique ARGS -o TMP`, keep its results.csv
+    python docs/figures.py keep NAME FOLDER [--note TEXT] [--load-note TEXT]
+                                                 # keep a run made elsewhere (a GPU machine: .ci/gpu-check
+                                                 # writes FOLDER/meta.json beside its results.csv)
+
+Per-sample rows (``clock_trace``: the data of the report's clock charts) stay in the kept results.csv
+and are counted, not listed, on the page.
 """
 
 from __future__ import annotations
@@ -32,6 +38,8 @@ RESULTS = DOCS / "results"
 PAGE = DOCS / "figures.md"
 META = "meta.json"
 ROW_COLUMNS = ("check", "subject", "dtype", "metric", "value", "unit", "threshold", "status", "detail")
+#: rows kept in results.csv but only counted on the page (one per clock sample: a chart's data)
+SAMPLE_CHECKS = ("clock_trace",)
 
 HEADER = """\
 # Measured figures
@@ -92,8 +100,12 @@ def section(name: str, folder: Path) -> tuple[list[str], list[str]]:
               f"- date: {date}", f"- machine: {machine}",
               f"- load average (1 min) before -> after: {_loads(meta)}" + (f"; {meta['load_note']}" if meta.get("load_note") else ""),
               f"- rows: {counts(df).line}", ""]
+    samples = df["check"].isin(SAMPLE_CHECKS)
+    if samples.any():
+        lines[-1:-1] = [f"- {int(samples.sum())} sample rows ({', '.join(sorted(set(df['check'][samples])))}: the "
+                        "report's charts) are in the results.csv, not listed here"]
     rows = [[_number(r[c]) if c in ("value", "threshold") else str(r[c]) for c in ROW_COLUMNS]
-            for _, r in df.iterrows()]
+            for _, r in df[~samples].iterrows()]
     return summary, lines + _table(ROW_COLUMNS, rows) + [""]
 
 
@@ -136,6 +148,25 @@ def record(name: str, args: list[str], note: str, load_note: str, commit: str) -
     return dest
 
 
+def keep(name: str, folder: Path, note: str, load_note: str) -> Path:
+    """Keep ``folder``'s results.csv and meta.json (a run made on another machine) under docs/results/NAME,
+    with ``note`` and ``load_note`` where given."""
+    folder = Path(folder)
+    if not (folder / "results.csv").is_file() or not (folder / META).is_file():
+        raise SystemExit(f"figures: {folder} needs a results.csv and a {META} (.ci/gpu-check writes both)")
+    meta = json.loads((folder / META).read_text())
+    missing = [k for k in ("command", "exit_code", "wall_s") if k not in meta]
+    if missing:
+        raise SystemExit(f"figures: {folder / META} lacks {', '.join(missing)}")
+    meta["note"] = note or meta.get("note", "")
+    meta["load_note"] = load_note or meta.get("load_note", "")
+    dest = RESULTS / name
+    dest.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(folder / "results.csv", dest / "results.csv")
+    (dest / META).write_text(json.dumps(meta, indent=1) + "\n")
+    return dest
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="compare docs/figures.md with what would be written")
@@ -145,6 +176,11 @@ def main(argv: list[str] | None = None) -> int:
     rec.add_argument("--note", default="", help="what the run measures, the target it is held to")
     rec.add_argument("--load-note", default="", help="what else the machine was running")
     rec.add_argument("--commit", default="", help="the code measured (default: git describe --always --dirty)")
+    kp = sub.add_parser("keep", help="keep a run made elsewhere: FOLDER's results.csv and meta.json")
+    kp.add_argument("name")
+    kp.add_argument("folder", type=Path)
+    kp.add_argument("--note", default="", help="what the run measures, the target it is held to")
+    kp.add_argument("--load-note", default="", help="what else the machine was running")
     argv = sys.argv[1:] if argv is None else list(argv)
     cut = argv.index("--") if "--" in argv else len(argv)
     ns, command = parser.parse_args(argv[:cut]), argv[cut + 1:]
@@ -152,6 +188,8 @@ def main(argv: list[str] | None = None) -> int:
         if not command:
             parser.error("record: give the mystique command after --")
         print(record(ns.name, command, ns.note, ns.load_note, ns.commit or _commit()))
+    elif ns.action == "keep":
+        print(keep(ns.name, ns.folder, ns.note, ns.load_note))
     text = page()
     if ns.check:
         if not PAGE.is_file() or PAGE.read_text() != text:
