@@ -149,3 +149,37 @@ def test_design_cli_synopsis_names_real_options():
         opts = re.findall(r"(?<![\w-])(--?[a-zA-Z][\w-]*)", synopsis)
         unknown = [o for o in opts if o not in _options(cmd) | _options(cli)]
         assert not unknown, f"docs/design.md: {line.strip()}: {cmd.name} has no option {unknown}"
+
+
+def _figures_module():
+    spec = importlib.util.spec_from_file_location("figures_under_test", FIGURES)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_figures_keep_a_run_made_elsewhere_and_count_its_sample_rows(tmp_path, monkeypatch):
+    """A GPU machine's run (.ci/gpu-check writes meta.json beside results.csv) is kept like a local one;
+    its clock samples stay in the results.csv and are counted, not listed, on the page."""
+    figures = _figures_module()
+    monkeypatch.setattr(figures, "RESULTS", tmp_path / "results")
+    run = tmp_path / "run"
+    run.mkdir()
+    base = {"run_id": "r1", "started_at": "2026-11-27T07:00:00+00:00", "host": "gpu-host", "device": "cuda",
+            "device_name": "NVIDIA H100 80GB HBM3", "torch_version": "2.11.0", "suite": "performance",
+            "subject": "bert/small/infer", "dtype": "float32", "unit": "", "threshold": None}
+    rows = [{**base, "check": "step_time", "metric": "median_ms", "value": 1.4, "status": "info", "detail": "d"}]
+    rows += [{**base, "check": "clock_trace", "metric": "sm_clock_mhz", "value": 1980.0 - i, "status": "info",
+              "detail": f"t={i} s; NVML"} for i in range(5)]
+    import pandas as pd
+
+    pd.DataFrame(rows).to_csv(run / "results.csv", index=False)
+    with pytest.raises(SystemExit, match="meta.json"):
+        figures.keep("h100_perf", run, "", "")
+    (run / "meta.json").write_text('{"command": "mystique validate performance --device cuda -o OUT", '
+                                   '"exit_code": 0, "wall_s": 89.0, "cpus": 16}')
+    dest = figures.keep("h100_perf", run, "the first H100's figures", "nothing else ran")
+    assert (dest / "results.csv").read_bytes() == (run / "results.csv").read_bytes()
+    text = figures.page(tmp_path / "results")
+    assert "NVIDIA H100 80GB HBM3, 16 CPUs" in text and "the first H100's figures" in text
+    assert "5 sample rows (clock_trace" in text and "| clock_trace |" not in text and "| step_time |" in text
