@@ -62,10 +62,40 @@ def test_the_fleet_fails_a_slow_device_passes_a_typical_one_and_doubts_an_unsure
     peers = [100.0 + 0.5 * i for i in range(-5, 6)]
     assert fleet.judge(120.0, 118.0, 122.0, peers, higher_better=False)[0] == "fail"
     assert fleet.judge(100.5, 99.0, 102.0, peers, higher_better=False)[0] == "pass"
-    assert fleet.judge(104.0, 100.0, 109.0, peers, higher_better=False)[0] == "inconclusive"
+    assert fleet.judge(108.0, 104.0, 112.0, peers, higher_better=False)[0] == "inconclusive"
     # a rate: lower is slower
     assert fleet.judge(80.0, 79.0, 81.0, peers, higher_better=True)[0] == "fail"
     assert fleet.judge(101.0, 99.5, 102.0, peers, higher_better=True)[0] == "pass"
+
+
+@pytest.mark.parametrize("n", [10, 19, 40])
+def test_a_healthy_member_of_a_normal_fleet_is_flagged_at_the_three_sigma_rate(n):
+    """The limit is a prediction bound: over normal fleets of n peers a new healthy member lies above
+    M + k Qn about 0.135% of the time (Phi(-3)), not the 0.3-0.6% a known-spread 3 x MAD rule gave."""
+    import numpy as np
+    from mystique.validators.performance import spread
+
+    rng = np.random.default_rng(n)
+    trials = 40000
+    fleets, new = rng.standard_normal((trials, n)), rng.standard_normal(trials)
+    k = spread.prediction_factor(n)
+    limits = np.median(fleets, axis=1) + k * np.array([spread.qn_scale(f) for f in fleets])
+    rate = float(np.mean(new > limits))
+    assert 0.4 * spread.TAIL < rate < 1.6 * spread.TAIL, (rate, spread.TAIL)
+    mad = np.median(fleets, axis=1) + 3 * 1.4826 * np.median(np.abs(fleets - np.median(fleets, axis=1)[:, None]), axis=1)
+    assert float(np.mean(new > mad)) > 1.6 * spread.TAIL  # the old rule's flaw, which this test would catch
+
+
+def test_qn_is_a_robust_standard_deviation():
+    import numpy as np
+    from mystique.validators.performance import spread
+
+    rng = np.random.default_rng(0)
+    est = [spread.qn_scale(rng.normal(0, 2.0, 25)) for _ in range(4000)]
+    assert float(np.mean(est)) == pytest.approx(2.0, rel=0.03)
+    clean = list(rng.normal(100, 1, 21))
+    assert spread.qn_scale(clean + [1e6] * 5) < 3 * spread.qn_scale(clean)  # outliers do not carry it
+    assert math.isnan(spread.qn_scale([1.0])) and spread.prediction_factor(1) == math.inf
 
 
 def test_a_noisy_fleet_widens_its_own_limit():

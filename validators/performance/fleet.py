@@ -3,17 +3,21 @@
 A peer is one run of the performance validator on another device of the same model: its
 ``results.csv`` (``--baseline FILES``; a folder stands for its ``results.csv``). For each figure
 the device measured (GEMM throughput per dtype, memory and transfer bandwidth, each workload's
-median, p95 and mean step time over the steps its host left undisturbed) the fleet is summarised robustly: its median ``M`` and its scaled MAD
-``S`` (1.4826 x the median absolute deviation: the standard deviation of a normal fleet, unmoved by
-a few outliers). The device's slowdown against the fleet is ``value / M`` for a time and
-``M / value`` for a rate, with the interval the device's own 95% interval gives it.
+median, p95 and mean step time over the steps its host left undisturbed) the fleet is summarised
+robustly: its median ``M`` and its spread ``S``, Rousseeuw and Croux's Qn (:mod:`.spread`: as robust
+as the MAD, twice as efficient on normal data). The device's slowdown against the fleet is
+``value / M`` for a time and ``M / value`` for a rate, with the interval the device's own 95%
+interval gives it.
 
-The limit is ``1 + max(margin, 3 S / M)``: slower than the fleet by more than the stated margin
-(5% by default) and by more than three robust standard deviations of the fleet itself (a healthy
-member of a normal fleet exceeds that with probability 0.13%), so a noisy fleet widens its own
-limit rather than flagging its members. The device fails when its whole interval lies above the
-limit (slower with confidence), passes when it lies at or below, else is inconclusive. With fewer
-than 3 peers the spread cannot be estimated and the margin alone is the limit (said in the row).
+The limit is ``1 + max(margin, k S / M)``: slower than the fleet by more than the stated margin (5%
+by default) and by more than a healthy member can lie from the median. ``k`` is the 3-sigma
+prediction factor of ``n`` peers (:func:`.spread.prediction_factor`: a Student t quantile, since
+``S`` is itself estimated from the ``n`` peers; about 3.9 for 19 peers, 3.3 for 50, tending to 3), so
+a normal fleet's healthy member exceeds the limit about 0.135% of the time and a noisy or small fleet
+widens its own limit rather than flagging its members. The device fails when its whole interval lies
+above the limit (slower with confidence), passes when it lies at or below, else is inconclusive.
+With fewer than 3 peers the spread cannot be estimated and the margin alone is the limit (said in
+the row).
 
 :func:`summarise` is ``mystique fleet``: every device against the others (leave one out), per-metric
 distributions, outliers, and the expected slowdown of a synchronous job of N devices drawn from the
@@ -32,10 +36,10 @@ import pandas as pd
 from mystique import results
 from mystique.errors import UsageError
 
+from .spread import fleet_spread, prediction_factor
 from .stats import expected_max, robust_center, slowdown_verdict
 
 DEFAULT_MARGIN = 0.05
-ROBUST_K = 3.0
 MIN_SPREAD_PEERS = 3
 #: the figures compared with the fleet: (check, metric) -> a rate (True) or a time (False)
 COMPARED: dict[tuple[str, str], bool] = {
@@ -78,20 +82,21 @@ def interval_of(detail: str) -> tuple[float, float]:
 def judge(value: float, lo: float, hi: float, peers: Sequence[float], higher_better: bool,
           margin: float = DEFAULT_MARGIN) -> tuple[str, float, float, str]:
     """(status, slowdown, limit, detail) of one figure against the ``peers``' figures."""
-    m, s = robust_center(peers)
+    m, s, estimator, efficiency = fleet_spread(peers)
     if not (math.isfinite(m) and m > 0 and value > 0):
         return "skip", math.nan, math.nan, "no positive fleet median to compare with"
     n = len(peers)
-    spread = ROBUST_K * s / m if n >= MIN_SPREAD_PEERS else 0.0
+    k = prediction_factor(n, efficiency) if n >= MIN_SPREAD_PEERS else math.nan
+    spread = k * s / m if n >= MIN_SPREAD_PEERS else 0.0
     limit = 1.0 + max(margin, spread)
     if higher_better:
         r, rlo, rhi = m / value, (m / hi if hi > 0 else math.inf), (m / lo if lo > 0 else math.inf)
     else:
         r, rlo, rhi = value / m, lo / m, hi / m
-    why = (f"3 x scaled MAD / median = {spread:.4f}" if n >= MIN_SPREAD_PEERS
-           else f"fewer than {MIN_SPREAD_PEERS} peers: spread not estimable, margin only")
+    why = (f"{k:.3g} x {estimator} / median = {spread:.4f}, {k:.3g} the 3-sigma prediction factor of {n} peers"
+           if n >= MIN_SPREAD_PEERS else f"fewer than {MIN_SPREAD_PEERS} peers: spread not estimable, margin only")
     detail = (f"slowdown vs fleet {r:.4f} (95% interval [{rlo:.4f}, {rhi:.4f}]); fleet of {n}: median {m:.6g}, "
-              f"scaled MAD {s:.4g}; limit 1+max(margin {margin:g}, {why}) = {limit:.4f}")
+              f"{estimator} {s:.4g}; limit 1+max(margin {margin:g}, {why}) = {limit:.4f}")
     return slowdown_verdict(rlo, rhi, limit), r, limit, detail
 
 
