@@ -84,10 +84,12 @@ def run_sustained(ctx: PerformanceContext) -> None:
                 samples = sampler.stop()
             ctx.step_times[bench.subject] = calls
             _contention_row(ctx, bench.subject, calls)
-            _distribution_rows(ctx, bench.subject, calls,
-                               f"host load average {load} -> {loadavg()} (1, 5, 15 min); host allocator: {allocator}")
             util = median_of(samples, "gpu_util_pct")
-            _drift_row(ctx, bench.subject, calls.chosen, calls.elapsed, None if util is None else util / 100.0)
+            busy = None if util is None else util / 100.0
+            _distribution_rows(ctx, bench.subject, calls,
+                               f"host load average {load} -> {loadavg()} (1, 5, 15 min); host allocator: {allocator}"
+                               + _busy_words(busy, float(s["drift_tolerance"])))
+            _drift_row(ctx, bench.subject, calls.chosen, calls.elapsed, busy)
             _clock_rows(ctx, bench.subject, sampler, samples)
             if ctx.target.mode_factory is not None and s["paired"]:
                 run_paired(ctx, bench.subject, executor, share * s["paired_share"])
@@ -125,6 +127,19 @@ def _distribution_rows(ctx: PerformanceContext, subject: str, calls: Calls, host
                        + ("" if calls.enough else "; the host disturbed these steps: stalls may be its"))
 
 
+def host_bound(busy: float | None, tol: float) -> bool:
+    """Whether a device busy ``busy`` of each step could slow by ``1 + tol`` without the step slowing: its
+    idle share absorbs it below ``1 / (1 + tol)`` busy (None: not known, as on a CPU, which is its own host)."""
+    return busy is not None and busy < 1.0 / (1.0 + tol)
+
+
+def _busy_words(busy: float | None, tol: float) -> str:
+    if busy is None:
+        return ""
+    return (f"; the device ran kernels {busy:.0%} of the time (NVML utilisation, median)"
+            + (": the step waited on its host, so these times are mostly the host's" if host_bound(busy, tol) else ""))
+
+
 def _thirds(xs: list[float]) -> tuple[list[float], list[float]]:
     k = len(xs) // 3
     return xs[:k], xs[len(xs) - k:]
@@ -145,8 +160,8 @@ def _drift_row(ctx: PerformanceContext, subject: str, times: list[float], second
     status = slowdown_verdict(lo, hi, 1.0 + tol)
     short = seconds < MIN_DRIFT_S  # too short for a device to heat up: what moved is the host
     # a device idle part of each step can slow by up to 1/busy - 1 unseen: below 1/(1+tol) the step is the host's
-    host_bound = busy is not None and busy < 1.0 / (1.0 + tol)
-    if short or host_bound:
+    waited = host_bound(busy, tol)
+    if short or waited:
         status = "info"
     ctx.res.add("throughput_drift", subject, "last_over_first", r, threshold=1.0 + tol, status=status,
                 dtype="float32",
@@ -160,8 +175,8 @@ def _drift_row(ctx: PerformanceContext, subject: str, times: list[float], second
                        + (f"; a measurement: the device ran kernels {busy:.0%} of the time (NVML utilisation, "
                           f"median), under the {1.0 / (1.0 + tol):.0%} at which a slowdown of 1+{tol:g} must show "
                           "in the step: the step waited on its host, whose speed is what moved it; clock_drop "
-                          "holds the device's verdict" if host_bound else "")
-                       + (f"; device busy {busy:.0%} of the time (NVML)" if busy is not None and not host_bound
+                          "holds the device's verdict" if waited else "")
+                       + (f"; device busy {busy:.0%} of the time (NVML)" if busy is not None and not waited
                           else ""))
 
 
