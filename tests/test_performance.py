@@ -68,7 +68,7 @@ def test_the_fleet_fails_a_slow_device_passes_a_typical_one_and_doubts_an_unsure
     assert fleet.judge(101.0, 99.5, 102.0, peers, higher_better=True)[0] == "pass"
 
 
-@pytest.mark.parametrize("n", [10, 19, 40])
+@pytest.mark.parametrize("n", [3, 6, 10, 19, 40])
 def test_a_healthy_member_of_a_normal_fleet_is_flagged_at_the_three_sigma_rate(n):
     """The limit is a prediction bound: over normal fleets of n peers a new healthy member lies above
     M + k Qn about 0.135% of the time (Phi(-3)), not the 0.3-0.6% a known-spread 3 x MAD rule gave."""
@@ -78,8 +78,8 @@ def test_a_healthy_member_of_a_normal_fleet_is_flagged_at_the_three_sigma_rate(n
     rng = np.random.default_rng(n)
     trials = 40000
     fleets, new = rng.standard_normal((trials, n)), rng.standard_normal(trials)
-    k = spread.prediction_factor(n)
-    limits = np.median(fleets, axis=1) + k * np.array([spread.qn_scale(f) for f in fleets])
+    centre, scale, _, efficiency = zip(*(spread.fleet_spread(f) for f in fleets))
+    limits = np.array(centre) + spread.prediction_factor(n, efficiency[0]) * np.array(scale)
     rate = float(np.mean(new > limits))
     assert 0.4 * spread.TAIL < rate < 1.6 * spread.TAIL, (rate, spread.TAIL)
     mad = np.median(fleets, axis=1) + 3 * 1.4826 * np.median(np.abs(fleets - np.median(fleets, axis=1)[:, None]), axis=1)
@@ -96,6 +96,18 @@ def test_qn_is_a_robust_standard_deviation():
     clean = list(rng.normal(100, 1, 21))
     assert spread.qn_scale(clean + [1e6] * 5) < 3 * spread.qn_scale(clean)  # outliers do not carry it
     assert math.isnan(spread.qn_scale([1.0])) and spread.prediction_factor(1) == math.inf
+
+
+def test_a_fleet_too_small_to_bound_a_member_is_inconclusive_not_a_pass():
+    """20% slower than 3 peers that agree within 1%: a 3-peer spread cannot bound a healthy member at 3
+    sigma (the prediction limit is wide), yet the device is far beyond 3 such spreads: inconclusive.
+    With 40 such peers the same device fails, and one within 3 spreads passes."""
+    few = [99.0, 100.0, 101.0]
+    status, _, limit, detail = fleet.judge(120.0, 118.0, 122.0, few, higher_better=False)
+    assert status == "inconclusive" and limit > 1.2 and "passes at or below" in detail
+    many = [99.0 + 2.0 * i / 39 for i in range(40)]
+    assert fleet.judge(120.0, 118.0, 122.0, many, higher_better=False)[0] == "fail"
+    assert fleet.judge(100.5, 100.0, 101.0, few, higher_better=False)[0] == "pass"
 
 
 def test_a_noisy_fleet_widens_its_own_limit():
@@ -301,7 +313,7 @@ def test_performance_is_an_opt_in_qualification_group():
 def test_a_small_campaign_flags_a_much_slower_device_and_writes_its_rows(tmp_path):
     out = tmp_path / "camp"
     main(["-q", "fleet-campaign", "-o", str(out), "--runs", "3", "--duration", "1.5", "--busy", "0,1",
-          "--inject", "throttle:factor=2"])
+          "--inject", "throttle:factor=4"])
     df = results.read_csv(out / "results.csv")
     runs = df[df["check"] == "campaign_run"]
     assert sorted(runs["subject"]) == [f"{side}-{i:02d}" for side in ("faulty", "healthy") for i in range(3)]

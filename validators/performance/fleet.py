@@ -15,7 +15,9 @@ prediction factor of ``n`` peers (:func:`.spread.prediction_factor`: a Student t
 ``S`` is itself estimated from the ``n`` peers; about 3.9 for 19 peers, 3.3 for 50, tending to 3), so
 a normal fleet's healthy member exceeds the limit about 0.135% of the time and a noisy or small fleet
 widens its own limit rather than flagging its members. The device fails when its whole interval lies
-above the limit (slower with confidence), passes when it lies at or below, else is inconclusive.
+above the limit (slower with confidence) and passes when it lies at or below ``1 + max(margin, 3 S /
+M)`` (what three spreads allow had ``S`` been exact); between the two, and wherever its interval
+straddles a limit, it is inconclusive: a small fleet cannot tell there.
 With fewer than 3 peers the spread cannot be estimated and the margin alone is the limit (said in
 the row).
 
@@ -41,6 +43,8 @@ from .stats import expected_max, robust_center, slowdown_verdict
 
 DEFAULT_MARGIN = 0.05
 MIN_SPREAD_PEERS = 3
+#: the known-spread 3-sigma factor: at or below 1 + max(margin, KNOWN_K S / M) a device passes
+KNOWN_K = 3.0
 #: the figures compared with the fleet: (check, metric) -> a rate (True) or a time (False)
 COMPARED: dict[tuple[str, str], bool] = {
     ("gemm_throughput", "tflops"): True, ("memory_bandwidth", "gbps"): True, ("transfer_bandwidth", "gbps"): True,
@@ -89,6 +93,9 @@ def judge(value: float, lo: float, hi: float, peers: Sequence[float], higher_bet
     k = prediction_factor(n, efficiency) if n >= MIN_SPREAD_PEERS else math.nan
     spread = k * s / m if n >= MIN_SPREAD_PEERS else 0.0
     limit = 1.0 + max(margin, spread)
+    # within what 3 spreads allow, had the spread been known exactly: a pass; between that and the
+    # prediction limit a small fleet cannot tell (inconclusive)
+    known = 1.0 + max(margin, KNOWN_K * s / m) if n >= MIN_SPREAD_PEERS else limit
     if higher_better:
         r, rlo, rhi = m / value, (m / hi if hi > 0 else math.inf), (m / lo if lo > 0 else math.inf)
     else:
@@ -96,8 +103,13 @@ def judge(value: float, lo: float, hi: float, peers: Sequence[float], higher_bet
     why = (f"{k:.3g} x {estimator} / median = {spread:.4f}, {k:.3g} the 3-sigma prediction factor of {n} peers"
            if n >= MIN_SPREAD_PEERS else f"fewer than {MIN_SPREAD_PEERS} peers: spread not estimable, margin only")
     detail = (f"slowdown vs fleet {r:.4f} (95% interval [{rlo:.4f}, {rhi:.4f}]); fleet of {n}: median {m:.6g}, "
-              f"{estimator} {s:.4g}; limit 1+max(margin {margin:g}, {why}) = {limit:.4f}")
-    return slowdown_verdict(rlo, rhi, limit), r, limit, detail
+              f"{estimator} {s:.4g}; limit 1+max(margin {margin:g}, {why}) = {limit:.4f}"
+              + (f"; passes at or below {known:.4f} (3 x {estimator} / median: the spread taken as known)"
+                 if known < limit else ""))
+    status = slowdown_verdict(rlo, rhi, limit)
+    if status == "pass" and not rhi <= known:
+        status = "inconclusive"
+    return status, r, limit, detail
 
 
 def sync_slowdown(samples: Sequence[float], ns: Sequence[int] = SYNC_NS) -> dict[int, float]:

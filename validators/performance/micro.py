@@ -103,8 +103,8 @@ def run_gemm(ctx: PerformanceContext) -> None:
 
 def _calls(fn: Callable[[], Any], target: Any, s: dict[str, Any]) -> tuple[Calls, str]:
     """The timed calls of ``fn`` for the level's budget, and on until ``min_reps`` were undisturbed; and, on an
-    accelerator, "; " and the clock evidence sampled meanwhile (empty on the CPU, whose sampling thread would
-    compete with the calls for its cores)."""
+    accelerator, the clock evidence sampled meanwhile (:func:`.clocks.describe`; empty on the CPU, whose
+    sampling thread would compete with the calls for its cores)."""
     sampler = ClockSampler(target.device) if target.torch_device.type != "cpu" else None
     if sampler is not None:
         sampler.start()

@@ -11,15 +11,17 @@ limit of 1.050).
 * :func:`qn_scale`: Rousseeuw and Croux's Qn (1993): 2.2219 times the k-th smallest of the pairwise
   distances, ``k = C(h, 2)``, ``h = n // 2 + 1``, with their small-sample factors. As robust as
   the MAD (50% breakdown) and far more efficient on normal data (82% asymptotically, against 37%),
-  so its estimate carries more degrees of freedom: a tighter bound from the same fleet. Above
-  :data:`QN_MAX` peers the scaled MAD is used (its degrees of freedom are then in the thousands).
+  so its estimate carries more degrees of freedom: a tighter bound from the same fleet. Below
+  :data:`QN_MIN` peers the sample standard deviation is used (``nu = n - 1`` exactly on normal data;
+  with so few peers no estimator survives an outlier among them, and Qn's small-sample distribution
+  is far from the t approximation); above :data:`QN_MAX` the scaled MAD (its degrees of freedom are
+  then in the thousands).
 * :func:`prediction_factor`: ``k`` such that ``M + k S`` bounds a new healthy member at the 3-sigma
   level: ``t_{P}(nu) * sqrt(1 + pi / (2 n))`` with ``P = Phi(3)``, ``nu = e (n - 1)`` the degrees of
   freedom of the scale estimate (``e`` = :data:`QN_EFFICIENCY`, its efficiency at these fleet
   sizes) and ``pi / (2 n)`` the variance of the median of ``n`` normal values, in units of ``S^2``.
-  Simulated over normal fleets of 10 to 50 peers the rule flags a new member 0.12-0.14% of the time
-  (``tests/test_performance.py``); below 10 peers it flags up to 3x that (the t approximation of Qn's
-  distribution is looser there).
+  Simulated over normal fleets the rule flags a new member 0.11-0.14% of the time for 3 to 50 peers
+  (``tests/test_performance.py``).
 """
 
 from __future__ import annotations
@@ -42,6 +44,8 @@ MAD_SCALE = 1.4826
 QN_CONSTANT = 2.2219
 #: Qn's pairwise distances are held in memory: n(n-1)/2 of them
 QN_MAX = 4000
+#: below this many peers the sample standard deviation (efficiency 1: nu = n - 1)
+QN_MIN = 10
 _QN_SMALL = {2: 0.399, 3: 0.994, 4: 0.512, 5: 0.844, 6: 0.611, 7: 0.857, 8: 0.669, 9: 0.872}
 
 
@@ -70,6 +74,8 @@ def fleet_spread(values: Sequence[float]) -> tuple[float, float, str, float]:
     if not len(xs):
         return math.nan, math.nan, "", math.nan
     m = float(statistics.median(xs))
+    if len(xs) < QN_MIN:
+        return m, float(np.std(xs, ddof=1)) if len(xs) > 1 else math.nan, "standard deviation", 1.0
     if len(xs) <= QN_MAX:
         return m, qn_scale(xs), "Qn", QN_EFFICIENCY
     return m, MAD_SCALE * float(statistics.median(np.abs(xs - m))), "scaled MAD", MAD_EFFICIENCY
