@@ -312,14 +312,15 @@ def test_performance_is_an_opt_in_qualification_group():
 
 def test_a_small_campaign_flags_a_much_slower_device_and_writes_its_rows(tmp_path):
     out = tmp_path / "camp"
-    main(["-q", "fleet-campaign", "-o", str(out), "--runs", "3", "--duration", "1.5", "--busy", "0,1",
+    main(["-q", "fleet-campaign", "-o", str(out), "--runs", "4", "--duration", "1.5", "--busy", "0,1",
           "--inject", "throttle:factor=4"])
     df = results.read_csv(out / "results.csv")
     runs = df[df["check"] == "campaign_run"]
-    assert sorted(runs["subject"]) == [f"{side}-{i:02d}" for side in ("faulty", "healthy") for i in range(3)]
+    assert sorted(runs["subject"]) == [f"{side}-{i:02d}" for side in ("faulty", "healthy") for i in range(4)]
     slow = df[(df["check"] == "campaign_flagged") & df["subject"].str.startswith("throttle")].iloc[0]
-    assert slow["value"] == 3 and slow["status"] == "pass", slow["detail"]
-    assert all((out / f"healthy-{i:02d}" / "results.csv").is_file() for i in range(3))
+    assert slow["value"] == 4 and slow["status"] == "pass", slow["detail"]
+    assert all((out / f"healthy-{i:02d}" / "results.csv").is_file() for i in range(4))
+    assert (out / "warm-up").is_dir() and "discarded warm-up" in slow["detail"]
     assert "campaign_flagged" in (out / "report.html").read_text()
 
 

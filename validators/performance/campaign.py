@@ -4,8 +4,10 @@
 times under a slowness fault (``throttle`` by default), interleaved (healthy, faulty, healthy, ...)
 so that the host's drift falls on both alike, while a background process keeps one of this
 process's CPUs busy part of the time (``busy_s`` busy out of every ``period_s``: the noisy
-neighbour of the target). Each healthy run is then judged against the other healthy runs (leave
-one out) and each faulty run against all healthy runs, by :func:`.fleet.judge` over the compared
+neighbour of the target). One untimed healthy run of the same length comes first and is discarded:
+a process's first run pays for its caches, allocator and lazily built state, and would be a
+healthy outlier of every campaign's fleet. Each healthy run is then judged against the other
+healthy runs (leave one out) and each faulty run against all healthy runs, by :func:`.fleet.judge` over the compared
 figures; a run is flagged when any of its fleet rows fails. The paired mode rows are not run
 (they would flag the fault by themselves): this measures the fleet comparison alone.
 
@@ -79,6 +81,9 @@ def campaign(out_dir: str | os.PathLike, *, runs: int = 20, fault: str = "thrott
     progress = Progress("campaign", total=2 * runs)
     frames: dict[str, list[pd.DataFrame]] = {"healthy": [], "faulty": []}
     try:
+        progress.note("warm-up run (discarded)")
+        perf_run(healthy_t, groups=["sustained"], duration=duration, workloads=workloads, seed=seed,
+                 out_dir=str(out / "warm-up"), paired=False)
         for i in range(runs):
             for side, target in (("healthy", healthy_t), ("faulty", faulty_t)):
                 progress.step(f"{side} run {i + 1} of {runs} ({target.label})")
@@ -100,8 +105,8 @@ def _rows(target: Any, frames: dict[str, list[pd.DataFrame]], fault: str, margin
     res = results.Results(results.RunContext.for_target(target), "performance")
     healthy = [_figures(df) for df in frames["healthy"]]
     faulty = [_figures(df) for df in frames["faulty"]]
-    setup = (f"sustained {workloads} for {duration:g} s per run, fleet margin {margin:g}, a background process "
-             f"busy {busy_s:g} s of every {period_s:g} s on this process's CPUs")
+    setup = (f"sustained {workloads} for {duration:g} s per run after one discarded warm-up run, fleet margin "
+             f"{margin:g}, a background process busy {busy_s:g} s of every {period_s:g} s on this process's CPUs")
     flagged = {"healthy": 0, "faulty": 0}
     for side, figs_list in (("healthy", healthy), ("faulty", faulty)):
         for i, figs in enumerate(figs_list):
