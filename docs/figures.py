@@ -138,12 +138,17 @@ def record(name: str, args: list[str], note: str, load_note: str, commit: str) -
         wall, load_end = round(time.monotonic() - t0, 1), _load()
         if not (out / "results.csv").is_file():
             raise SystemExit(f"figures: mystique {shlex.join(args)} wrote no results.csv (exit {rc})")
-        dest = RESULTS / name
-        dest.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(out / "results.csv", dest / "results.csv")
-    meta = {"command": f"mystique {shlex.join(args)} -o OUT", "commit": commit, "exit_code": rc, "wall_s": wall,
-            "cpus": os.cpu_count(), "load_start": load_start, "load_end": load_end,
-            "load_note": load_note, "note": note}
+        meta = {"command": f"mystique {shlex.join(args)} -o OUT", "commit": commit, "exit_code": rc, "wall_s": wall,
+                "cpus": os.cpu_count(), "load_start": load_start, "load_end": load_end,
+                "load_note": load_note, "note": note}
+        return _store(name, out / "results.csv", meta)
+
+
+def _store(name: str, results_csv: Path, meta: dict) -> Path:
+    """docs/results/NAME/: a copy of ``results_csv`` and ``meta`` as meta.json."""
+    dest = RESULTS / name
+    dest.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(results_csv, dest / "results.csv")
     (dest / META).write_text(json.dumps(meta, indent=1) + "\n")
     return dest
 
@@ -160,11 +165,7 @@ def keep(name: str, folder: Path, note: str, load_note: str) -> Path:
         raise SystemExit(f"figures: {folder / META} lacks {', '.join(missing)}")
     meta["note"] = note or meta.get("note", "")
     meta["load_note"] = load_note or meta.get("load_note", "")
-    dest = RESULTS / name
-    dest.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(folder / "results.csv", dest / "results.csv")
-    (dest / META).write_text(json.dumps(meta, indent=1) + "\n")
-    return dest
+    return _store(name, folder / "results.csv", meta)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -144,8 +144,6 @@ def describe(samples: list[tuple[float, dict[str, float]]], source: str) -> str:
     return f"during these calls {', '.join(parts)} ({len(samples)} samples, {source})"
 
 
-
-
 class ClockSampler:
     """Samples clocks in a thread between ``start()`` and ``stop()``."""
 

@@ -101,11 +101,11 @@ def run_gemm(ctx: PerformanceContext) -> None:
                      nominal.tflops.get(label) if nominal else None, nominal.source if nominal else "", clocks)
 
 
-def _calls(fn: Callable[[], Any], target: Any, s: dict[str, Any]) -> tuple[Calls, str]:
-    """The timed calls of ``fn`` for the level's budget, and on until ``min_reps`` were undisturbed; and, on an
-    accelerator, the clock evidence sampled meanwhile (:func:`.clocks.describe`; empty on the CPU, whose
-    sampling thread would compete with the calls for its cores)."""
-    sampler = ClockSampler(target.device) if target.torch_device.type != "cpu" else None
+def _calls(fn: Callable[[], Any], target: Any, s: dict[str, Any], clocks: bool = True) -> tuple[Calls, str]:
+    """The timed calls of ``fn`` for the level's budget, and on until ``min_reps`` were undisturbed; and, with
+    ``clocks`` on an accelerator, the clock evidence sampled meanwhile (:func:`.clocks.describe`; empty on the
+    CPU, whose sampling thread would compete with the calls for its cores)."""
+    sampler = ClockSampler(target.device) if clocks and target.torch_device.type != "cpu" else None
     if sampler is not None:
         sampler.start()
     try:
@@ -169,7 +169,7 @@ def run_transfer(ctx: PerformanceContext) -> None:
         kind = "pinned" if pinned else "pageable"
         for direction, fn in (("h2d", lambda h=host: dev.copy_(h)), ("d2h", lambda h=host: h.copy_(dev))):
             ctx.progress.note(f"{direction} {kind} {nbytes / 2**20:.0f} MiB on {target.label}")
-            calls, _ = _calls(fn, target, s)
+            calls, _ = _calls(fn, target, s, clocks=False)  # (no nominal figure to explain)
             _record_rate(ctx, "transfer_bandwidth", f"{direction}_{kind}", "float32", "gbps", "GB/s", calls,
                          nbytes / 1e9,
                          f"{len(calls.seconds)} timed {direction} copies of {nbytes} B ({kind} host memory)", None, "")

@@ -33,6 +33,8 @@ from collections.abc import Sequence
 import numpy as np
 from scipy import stats as sps
 
+from .stats import robust_center
+
 #: one-sided tail of the 3-sigma rule of a normal fleet
 TAIL = float(sps.norm.sf(3.0))
 #: Qn's efficiency at fleet sizes 10-50: its spread over normal samples, sd(Qn)/sigma ~ 0.85/sqrt(n-1),
@@ -40,7 +42,6 @@ TAIL = float(sps.norm.sf(3.0))
 QN_EFFICIENCY = 0.70
 #: the MAD's asymptotic efficiency on normal data (used above QN_MAX peers)
 MAD_EFFICIENCY = 0.3675
-MAD_SCALE = 1.4826
 QN_CONSTANT = 2.2219
 #: Qn's pairwise distances are held in memory: n(n-1)/2 of them
 QN_MAX = 4000
@@ -73,12 +74,12 @@ def fleet_spread(values: Sequence[float]) -> tuple[float, float, str, float]:
     xs = _finite(values)
     if not len(xs):
         return math.nan, math.nan, "", math.nan
+    if len(xs) > QN_MAX:
+        return (*robust_center(xs), "scaled MAD", MAD_EFFICIENCY)
     m = float(statistics.median(xs))
     if len(xs) < QN_MIN:
         return m, float(np.std(xs, ddof=1)) if len(xs) > 1 else math.nan, "standard deviation", 1.0
-    if len(xs) <= QN_MAX:
-        return m, qn_scale(xs), "Qn", QN_EFFICIENCY
-    return m, MAD_SCALE * float(statistics.median(np.abs(xs - m))), "scaled MAD", MAD_EFFICIENCY
+    return m, qn_scale(xs), "Qn", QN_EFFICIENCY
 
 
 def prediction_factor(n: int, efficiency: float = QN_EFFICIENCY) -> float:
