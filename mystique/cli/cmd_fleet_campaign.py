@@ -26,12 +26,15 @@ from .group import cli
               help="The noisy neighbour: a process busy B seconds of every P (0,P: none).")
 @click.option("--margin", type=click.FloatRange(0, 1, max_open=True), default=0.05, show_default=True, metavar="F",
               help="Fleet margin (as `mystique fleet`).")
+@click.option("--schedule", type=click.Choice(["at-once", "sequential"]), default="at-once", show_default=True,
+              help="at-once: every run measured in the same window, in shuffled rounds of short bursts (as a "
+                   "synchronous job measures its devices); sequential: one run after another.")
 @options.seed
 @options.force
-def fleet_campaign_cmd(output, device, runs, fault, duration, workloads, busy, margin, seed, force) -> int:
-    """Run the sustained group RUNS times on the healthy device and RUNS times under --inject,
-    interleaved, while a background process is busy part of the time; judge each healthy run
-    against the other healthy runs and each slow run against all of them, as `mystique fleet` does.
+def fleet_campaign_cmd(output, device, runs, fault, duration, workloads, busy, margin, schedule, seed, force) -> int:
+    """Replay the reference workloads as RUNS healthy devices and RUNS devices under --inject, while a
+    background process is busy part of the time; judge each healthy run against the other healthy
+    runs and each slow run against all of them, as `mystique fleet` does.
 
     \b
     Writes OUT_DIR/results.csv (campaign_flagged per side: healthy must have none flagged, the slow
@@ -51,7 +54,7 @@ def fleet_campaign_cmd(output, device, runs, fault, duration, workloads, busy, m
     check_output_dir(output, force)
     with staged_output_dir(output, force) as stage:
         df = campaign(stage, runs=runs, fault=fault, duration=duration, workloads=workloads, busy_s=busy_s,
-                      period_s=period_s, margin=margin, seed=seed, device=device)
+                      period_s=period_s, margin=margin, seed=seed, device=device, schedule=schedule)
         results.write_csv(df, stage / "results.csv")
         render_report([str(stage / "results.csv")], str(stage / "report.html"), title="Mystique Suite fleet campaign")
     return verdict(df, f"results in {output}/results.csv, report in {output}/report.html")

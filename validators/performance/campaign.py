@@ -1,15 +1,23 @@
 """The fleet-detection campaign: does the fleet comparison flag a throttled device and spare healthy ones?
 
-:func:`campaign` runs the ``sustained`` group ``runs`` times on the healthy device and ``runs``
-times under a slowness fault (``throttle`` by default), interleaved (healthy, faulty, healthy, ...)
-so that the host's drift falls on both alike, while a background process keeps one of this
-process's CPUs busy part of the time (``busy_s`` busy out of every ``period_s``: the noisy
-neighbour of the target). One untimed healthy run of the same length comes first and is discarded:
-a process's first run pays for its caches, allocator and lazily built state, and would be a
-healthy outlier of every campaign's fleet. Each healthy run is then judged against the other
-healthy runs (leave one out) and each faulty run against all healthy runs, by :func:`.fleet.judge` over the compared
-figures; a run is flagged when any of its fleet rows fails. The paired mode rows are not run
-(they would flag the fault by themselves): this measures the fleet comparison alone.
+:func:`campaign` simulates a fleet on this host: ``runs`` healthy devices and ``runs`` devices under
+a slowness fault (``throttle`` by default), each replaying the reference workloads' benchmarks for
+``duration`` seconds, while a background process keeps one of this process's CPUs busy part of the
+time (``busy_s`` busy out of every ``period_s``: the noisy neighbour of the target). Each healthy
+run is judged against the other healthy runs (leave one out) and each faulty run against all
+healthy runs, by :func:`.fleet.judge` over the compared figures; a run is flagged when any of its
+fleet rows fails. No paired mode rows are run (they would flag the fault by themselves): this
+measures the fleet comparison alone.
+
+Two schedules:
+
+* ``at-once`` (the default, :mod:`.at_once`): every run measured in the same window, in shuffled
+  rounds of short bursts, as a synchronous job measures its devices: a change of the host's speed
+  falls on every run alike instead of becoming fleet spread.
+* ``sequential``: one ``sustained`` run after another (healthy, faulty, healthy, ...), after one
+  discarded warm-up run (a process's first run pays for caches, allocator and lazily built state).
+  A host whose speed wanders over the minutes this takes passes that wander into the fleet's
+  spread and so into its limit: the schedule shows what a fleet measured at different times costs.
 
 Returns the campaign's rows (suite ``performance``: ``campaign_flagged`` per side, with
 ``campaign_run`` rows per run) and writes each run's results under ``out_dir``. The command is
@@ -28,8 +36,11 @@ import pandas as pd
 
 from mystique import results
 from mystique.errors import UsageError
+from mystique.hostinfo import torch_threads
 from mystique.progress import Progress
+from mystique.replay import runtime as ex
 from mystique.targets import make_target
+from mystique.timing import loadavg
 
 from .fleet import COMPARED, DEFAULT_MARGIN, interval_of, judge
 
@@ -60,12 +71,14 @@ def _flag(figs: dict, peers: list[dict], margin: float) -> tuple[bool, int, str]
     return bool(failing), unsure, "; ".join(failing)
 
 
+SCHEDULES: tuple[str, ...] = ("at-once", "sequential")
+
+
 def campaign(out_dir: str | os.PathLike, *, runs: int = 20, fault: str = "throttle", duration: float = 4.0,
              workloads: str = "dlrm", busy_s: float = 0.5, period_s: float = 2.0, margin: float = DEFAULT_MARGIN,
-             seed: int = 0, device: str = "cpu") -> pd.DataFrame:
+             seed: int = 0, device: str = "cpu", schedule: str = "at-once") -> pd.DataFrame:
     """Run the campaign (see the module docstring); UsageError for settings that cannot be run."""
     from . import _workloads
-    from . import run as perf_run
 
     if runs < 3:
         raise UsageError(f"runs {runs}: a fleet needs at least 3 healthy runs to estimate its spread")
@@ -73,40 +86,82 @@ def campaign(out_dir: str | os.PathLike, *, runs: int = 20, fault: str = "thrott
         raise UsageError(f"duration {duration:g} must be positive (seconds)")
     if not (period_s > 0 and 0 <= busy_s <= period_s):
         raise UsageError(f"--busy {busy_s:g},{period_s:g}: the busy seconds must lie within a positive period")
-    _workloads(workloads)  # unknown names: refused before anything runs
+    if schedule not in SCHEDULES:
+        raise UsageError(f"unknown schedule {schedule!r}; expected one of {', '.join(SCHEDULES)}")
+    names = _workloads(workloads)  # unknown names: refused before anything runs
     healthy_t, faulty_t = make_target(device), make_target(device, fault)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    specs = [(f"{side}-{i:02d}", target, seed + i) for i in range(runs)
+             for side, target in (("healthy", healthy_t), ("faulty", faulty_t))]
+    measure = _at_once if schedule == "at-once" else _sequential
     busy = subprocess.Popen([sys.executable, "-c", _BUSY, str(busy_s), str(period_s)]) if busy_s > 0 else None
-    progress = Progress("campaign", total=2 * runs)
-    frames: dict[str, list[pd.DataFrame]] = {"healthy": [], "faulty": []}
     try:
-        progress.note("warm-up run (discarded)")
-        perf_run(healthy_t, groups=["sustained"], duration=duration, workloads=workloads, seed=seed,
-                 out_dir=str(out / "warm-up"), paired=False)
-        for i in range(runs):
-            for side, target in (("healthy", healthy_t), ("faulty", faulty_t)):
-                progress.step(f"{side} run {i + 1} of {runs} ({target.label})")
-                folder = out / f"{side}-{i:02d}"
-                folder.mkdir(exist_ok=True)
-                df = perf_run(target, groups=["sustained"], duration=duration, workloads=workloads, seed=seed + i,
-                              out_dir=str(folder), paired=False)
-                results.write_csv(df, folder / "results.csv")
-                frames[side].append(df)
+        frames = measure(specs, out, duration=duration, workloads=names, seed=seed)
     finally:
         if busy is not None:
             busy.terminate()
             busy.wait(timeout=10)
-    return _rows(healthy_t, frames, fault, margin, duration, workloads, busy_s, period_s)
+    for name, df in frames.items():
+        folder = out / name
+        folder.mkdir(exist_ok=True)
+        results.write_csv(df, folder / "results.csv")
+    split = {side: [df for name, df in frames.items() if name.startswith(side)] for side in ("healthy", "faulty")}
+    return _rows(healthy_t, split, fault, margin, duration, ",".join(names), busy_s, period_s, schedule)
+
+
+def _sequential(specs: list[tuple[str, Any, int]], out: Path, *, duration: float, workloads: tuple[str, ...],
+                seed: int) -> dict[str, pd.DataFrame]:
+    """One ``sustained`` run per member after the other (after one discarded warm-up run)."""
+    from . import run as perf_run
+
+    progress = Progress("campaign", total=len(specs))
+    progress.note("warm-up run (discarded)")
+    perf_run(specs[0][1], groups=["sustained"], duration=duration, workloads=workloads, seed=seed,
+             out_dir=str(out / "warm-up"), paired=False)
+    frames = {}
+    for name, target, member_seed in specs:
+        progress.step(f"run {name} ({target.label})")
+        frames[name] = perf_run(target, groups=["sustained"], duration=duration, workloads=workloads,
+                                seed=member_seed, out_dir=str(out / name), paired=False)
+    return frames
+
+
+def _at_once(specs: list[tuple[str, Any, int]], out: Path, *, duration: float, workloads: tuple[str, ...],
+             seed: int) -> dict[str, pd.DataFrame]:
+    """Every member measured in the same window, in shuffled rounds of short bursts (:mod:`.at_once`)."""
+    from mystique.validators.correctness import benchmarks as bm
+
+    from . import LEVELS
+    from .at_once import build_members, measure_at_once, member_frame, schedule
+
+    spec, device = LEVELS["quick"], specs[0][1].device
+    rounds, _ = schedule(duration, len(workloads))
+    progress = Progress("campaign", total=rounds)
+    with bm.cache_root(out) as root:
+        benches = [bm.reference(w, spec["config"], spec["mode"], "float32", root, progress) for w in workloads]
+    threads = len(os.sched_getaffinity(0))
+    # CPU: large blocks from a heap never trimmed, as the sustained group runs them
+    allocator = ex.steady_host_allocator() if specs[0][1].torch_device.type == "cpu" else None
+    with torch_threads(threads):
+        progress.note(f"{len(specs)} simulated devices: an executor each per workload")
+        members = build_members(specs, benches, device)
+        load = loadavg()
+        how = measure_at_once(members, duration, progress, seed)
+    host = (f"host load average {load} -> {loadavg()} (1, 5, 15 min); {threads} threads; host allocator: "
+            f"{allocator or 'the C library default'}")
+    return {m.name: member_frame(m, how, host) for m in members}
 
 
 def _rows(target: Any, frames: dict[str, list[pd.DataFrame]], fault: str, margin: float, duration: float,
-          workloads: str, busy_s: float, period_s: float) -> pd.DataFrame:
+          workloads: str, busy_s: float, period_s: float, schedule: str) -> pd.DataFrame:
     res = results.Results(results.RunContext.for_target(target), "performance")
     healthy = [_figures(df) for df in frames["healthy"]]
     faulty = [_figures(df) for df in frames["faulty"]]
-    setup = (f"sustained {workloads} for {duration:g} s per run after one discarded warm-up run, fleet margin "
-             f"{margin:g}, a background process busy {busy_s:g} s of every {period_s:g} s on this process's CPUs")
+    how = ("the runs measured at once: shuffled rounds of short bursts after one discarded round"
+           if schedule == "at-once" else "the runs one after another, after one discarded warm-up run")
+    setup = (f"sustained {workloads} for {duration:g} s per run, {how}; fleet margin {margin:g}; a background "
+             f"process busy {busy_s:g} s of every {period_s:g} s on this process's CPUs")
     flagged = {"healthy": 0, "faulty": 0}
     for side, figs_list in (("healthy", healthy), ("faulty", faulty)):
         for i, figs in enumerate(figs_list):

@@ -83,10 +83,10 @@ def run_sustained(ctx: PerformanceContext) -> None:
             finally:
                 samples = sampler.stop()
             ctx.step_times[bench.subject] = calls
-            _contention_row(ctx, bench.subject, calls)
+            contention_row(ctx, bench.subject, calls)
             util = median_of(samples, "gpu_util_pct")
             busy = None if util is None else util / 100.0
-            _distribution_rows(ctx, bench.subject, calls,
+            distribution_rows(ctx, bench.subject, calls,
                                f"host load average {load} -> {loadavg()} (1, 5, 15 min); host allocator: {allocator}"
                                + _busy_words(busy, float(s["drift_tolerance"])))
             _drift_row(ctx, bench.subject, calls.chosen, calls.elapsed, busy)
@@ -95,7 +95,7 @@ def run_sustained(ctx: PerformanceContext) -> None:
                 run_paired(ctx, bench.subject, executor, share * s["paired_share"])
 
 
-def _contention_row(ctx: PerformanceContext, subject: str, calls: Calls) -> None:
+def contention_row(ctx: PerformanceContext, subject: str, calls: Calls) -> None:
     """``host_contention``: pass with enough undisturbed steps to compare, inconclusive without."""
     k = len(calls.undisturbed)
     ctx.res.add("host_contention", subject, "undisturbed_steps", k, threshold=calls.min_undisturbed,
@@ -104,7 +104,7 @@ def _contention_row(ctx: PerformanceContext, subject: str, calls: Calls) -> None
                        f"intervals (the budget was extended up to {CAP:g}x to collect them)")
 
 
-def _distribution_rows(ctx: PerformanceContext, subject: str, calls: Calls, host: str) -> None:
+def distribution_rows(ctx: PerformanceContext, subject: str, calls: Calls, host: str) -> None:
     ms = [t * 1e3 for t in calls.chosen]
     how = f"{len(ms)} of {len(calls.seconds)} steps run back to back on {ctx.target.label}: {calls.describe()}; {host}"
     check = "step_time" if calls.enough else "step_time_disturbed"  # a disturbed figure is not compared
