@@ -110,7 +110,14 @@ def test_a_small_campaign_flags_a_much_slower_device_and_writes_its_rows(schedul
     member = results.read_csv(out / "healthy-00" / "results.csv")
     assert {"host_contention", "step_time", "stalls"} <= set(member["check"]) or "step_time_disturbed" in set(
         member["check"])
-    assert "campaign_flagged" in (out / "report.html").read_text()
+    slowdowns = df[(df["check"] == "campaign_slowdown") & (df["metric"] == "median_ms")]
+    assert sorted(slowdowns["subject"].str.split(":").str[0]) == sorted(rows["subject"])
+    assert (slowdowns["threshold"] >= 1.05).all()  # never tighter than the margin
+    for i in compared:  # the slowdown row says what flagged the run
+        row = slowdowns[slowdowns["subject"].str.startswith(f"faulty-{i:02d}:")].iloc[0]
+        assert row["value"] > row["threshold"] and "verdict: fail" in row["detail"]
+    html = (out / "report.html").read_text()
+    assert "campaign_flagged" in html and "of every run against its fleet" in html
 
 
 @pytest.mark.parametrize("args, message", [

@@ -6,7 +6,8 @@ with its 95% interval (``step_time``; ``step_time_disturbed`` labelled as not co
 (``clock_trace``, one chart per workload and unit); for `mystique fleet`: one chart per compared
 figure with every device's value coloured by its outlier verdict (``fleet_member``,
 ``fleet_outlier``) and the expected slowdown of a synchronous job against its size
-(``sync_slowdown``). Then the table of the checks with a verdict.
+(``sync_slowdown``); for `mystique fleet-campaign`: every run's slowdown against its fleet, coloured by
+the verdict, per compared figure (``campaign_slowdown``). Then the table of the checks with a verdict.
 """
 
 from __future__ import annotations
@@ -116,9 +117,32 @@ def _sync(rows: SuiteRows) -> list[dict[str, Any]]:
     return out
 
 
+_VERDICT = re.compile(r"verdict: (\w+);")
+
+
+def _campaign(rows: SuiteRows) -> list[dict[str, Any]]:
+    df = rows.df[rows.df["check"] == "campaign_slowdown"]
+    if not len(df):
+        return []
+    parts = df["subject"].str.split(": ", n=1)
+    df = df.assign(run=parts.str[0], figure=parts.str[1] + " " + df["metric"])
+    out = []
+    for figure, g in list(df.groupby("figure", sort=False))[:MAX_FLEET_CHARTS]:
+        g = g.sort_values("value", ascending=False)
+        statuses = [(m[1] if (m := _VERDICT.search(d)) else "info") for d in g["detail"]]
+        limits = sorted({f"{x:.3f}" for x in g["threshold"] if math.isfinite(x)})
+        out.append(chart(ranking_bars(list(g["run"]), list(g["value"]), statuses=statuses, uid=rows.ids(),
+                                      title=f"campaign: {figure} of every run against its fleet",
+                                      xlabel="slowdown vs the healthy fleet's median"),
+                         f"Each run against the healthy runs (a healthy run against the others); limit "
+                         f"{', '.join(limits)}; red: flagged (slower beyond the limit with confidence), amber: "
+                         "inconclusive, green: within what the fleet allows."))
+    return out
+
+
 def blocks(rows: SuiteRows) -> list[dict[str, Any]]:
-    """Charts of rates, step times, clocks and the fleet, then the table of the checks with a verdict."""
-    out = _rates(rows) + _steps(rows) + _clocks(rows) + _fleet(rows) + _sync(rows)
+    """Charts of rates, step times, clocks, the fleet and a campaign, then the table of the checks with a verdict."""
+    out = _rates(rows) + _steps(rows) + _clocks(rows) + _fleet(rows) + _sync(rows) + _campaign(rows)
     checks = rows.df[~rows.df["status"].isin(("info",))]
     if len(checks):
         columns = run_column(rows.multi) + fields("status", "check", "subject", "dtype", "metric", "value",

@@ -57,18 +57,20 @@ def _figures(df: pd.DataFrame) -> dict[tuple[str, str, str, str], tuple[float, f
     return out
 
 
-def _flag(figs: dict, peers: list[dict], margin: float) -> tuple[bool, int, str]:
-    """(flagged, inconclusive rows, the failing figures) of one run against ``peers``' figures."""
-    failing, unsure = [], 0
+def _flag(figs: dict, peers: list[dict], margin: float) -> tuple[bool, int, str, list[tuple]]:
+    """(flagged, inconclusive rows, the failing figures, every verdict as (key, status, slowdown, limit,
+    detail)) of one run against ``peers``' figures."""
+    failing, unsure, judged = [], 0, []
     for key, (v, lo, hi) in figs.items():
         values = [p[key][0] for p in peers if key in p]
         if not values:
             continue
-        status, r, limit, _ = judge(v, lo, hi, values, COMPARED[(key[0], key[3])], margin)
+        status, r, limit, detail = judge(v, lo, hi, values, COMPARED[(key[0], key[3])], margin)
+        judged.append((key, status, r, limit, detail))
         if status == "fail":
             failing.append(f"{key[1]} {key[3]} {r:.3f}>{limit:.3f}")
         unsure += status == "inconclusive"
-    return bool(failing), unsure, "; ".join(failing)
+    return bool(failing), unsure, "; ".join(failing), judged
 
 
 SCHEDULES: tuple[str, ...] = ("at-once", "sequential")
@@ -166,10 +168,13 @@ def _rows(target: Any, frames: dict[str, list[pd.DataFrame]], fault: str, margin
     for side, figs_list in (("healthy", healthy), ("faulty", faulty)):
         for i, figs in enumerate(figs_list):
             peers = [h for j, h in enumerate(healthy) if side == "faulty" or j != i]
-            hit, unsure, why = _flag(figs, peers, margin)
+            hit, unsure, why, judged = _flag(figs, peers, margin)
             flagged[side] += hit
             res.add("campaign_run", f"{side}-{i:02d}", "flagged", float(hit), status="info",
                     detail=f"against {len(peers)} healthy peers; {unsure} inconclusive rows" + (f"; {why}" if why else ""))
+            for (_check, subject, dtype, metric), status, r, limit, detail in judged:
+                res.add("campaign_slowdown", f"{side}-{i:02d}: {subject}", metric, r, threshold=limit, unit="x",
+                        status="info", dtype=dtype, detail=f"the fleet comparison's verdict: {status}; {detail}")
     n = len(healthy)
     res.add("campaign_flagged", f"healthy ({n} runs)", "runs_flagged", flagged["healthy"], threshold=0,
             status="pass" if flagged["healthy"] == 0 else "fail",
