@@ -52,6 +52,39 @@ def test_expected_max_of_a_two_point_distribution_is_exact(n):
     assert stats.expected_max([1.0, 2.0], n) == pytest.approx(2.0 - 0.5**n, rel=1e-12)
 
 
+@given(st.lists(finite, min_size=6, max_size=400))
+def test_the_means_batch_interval_contains_the_mean(xs):
+    lo, hi = stats.batch_mean_interval(xs)
+    m = sum(xs) / len(xs)
+    assert lo <= m * (1 + 1e-9) and m * (1 - 1e-9) <= hi
+
+
+def test_the_means_batch_interval_covers_the_true_mean_95_percent_of_the_time():
+    import numpy as np
+
+    rng = np.random.default_rng(7)
+    hits = sum(lo <= 10.0 <= hi for lo, hi in (stats.batch_mean_interval(rng.normal(10.0, 1.0, 120))
+                                               for _ in range(3000)))
+    assert 0.935 <= hits / 3000 <= 0.965
+
+
+def test_a_stragglers_stalls_lift_the_means_interval_above_the_typical_step():
+    """Stalls in a fifteenth of the steps make the mean, and all its interval, slower than a typical
+    stretch; the median of batch means, which the mean was once given, would leave most of them out."""
+    import numpy as np
+
+    rng = np.random.default_rng(3)
+    steps = rng.normal(17.0, 0.3, 300)
+    steps[rng.choice(300, 20, replace=False)] += 150.0
+    lo, hi = stats.batch_mean_interval(list(steps))
+    assert lo <= steps.mean() <= hi and lo > 1.2 * 17.0
+    assert stats.batch_interval(list(steps), stats.statistics.fmean)[0] < 1.2 * 17.0 < lo
+
+
+def test_too_short_a_series_has_no_interval_of_its_mean():
+    assert stats.batch_mean_interval([1.0, 2.0, 3.0, 4.0, 5.0]) == (-math.inf, math.inf)
+
+
 @given(st.lists(st.floats(min_value=90, max_value=110), min_size=5, max_size=40), st.floats(0.1, 100))
 def test_the_fleet_verdict_does_not_depend_on_the_unit(peers, scale):
     a = fleet.judge(130.0, 125.0, 135.0, peers, higher_better=False)

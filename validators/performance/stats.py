@@ -8,8 +8,10 @@
 * :func:`expected_max`: the expected maximum of N independent draws from an empirical distribution
   (order statistics of the empirical CDF), exact for that distribution and stable for N up to
   1e5 and beyond.
-* :func:`batch_interval`: the 95% interval of a figure of a time series (a quantile, the mean) by
-  batch means: robust to the series' autocorrelation, which iid intervals are not.
+* :func:`batch_interval`: the 95% interval of a quantile of a time series by batch means: robust
+  to the series' autocorrelation, which iid intervals are not.
+* :func:`batch_mean_interval`: the 95% interval of the mean of a time series by batch means
+  (Student t over the batches' means).
 * :func:`bootstrap_sum_ratio`: the percentile-bootstrap interval of a ratio of sums over paired
   rounds (seeded, 2000 resamples).
 * :func:`slowdown_verdict`: ``pass``/``fail``/``inconclusive`` of a slowdown interval against a limit.
@@ -171,3 +173,28 @@ def batch_interval(values: Sequence[float], figure: Callable[[Sequence[float]], 
         return quantile_interval([figure(xs)] if xs else [], 0.5, level)
     edges = [round(i * len(xs) / k) for i in range(k + 1)]
     return quantile_interval([figure(xs[edges[i]:edges[i + 1]]) for i in range(k)], 0.5, level)
+
+
+def batch_mean_interval(values: Sequence[float], level: float = LEVEL) -> tuple[float, float]:
+    """The ``level`` interval of the mean of a series taken in time order, by batch means.
+
+    The mean is the figure that occasional stalls move (what a synchronous job pays for them), so its
+    interval must be the mean's, not a typical stretch's (:func:`batch_interval` would leave a few
+    batches with a stall out of its interval, and the run's own mean above it). The series is cut into
+    batches as :func:`batch_interval` cuts it; their means are nearly independent and, by the central
+    limit theorem, nearly normal, so the interval is the series' mean +- ``t_{k-1}`` x the standard
+    error of the ``k`` batch means (the batch means method of simulation output analysis, Law and
+    Kelton). It contains the mean; a stall or a slow phase in a few batches widens it. Fewer than two
+    batches: ``(-inf, inf)`` (no interval).
+    """
+    from scipy.stats import t as student_t
+
+    xs = [float(v) for v in values]
+    k = min(BATCHES, len(xs) // MIN_BATCH)
+    if k < 2:
+        return (-math.inf, math.inf)
+    edges = [round(i * len(xs) / k) for i in range(k + 1)]
+    means = [statistics.fmean(xs[edges[i]:edges[i + 1]]) for i in range(k)]
+    half = float(student_t.ppf(0.5 + level / 2.0, k - 1)) * statistics.stdev(means) / math.sqrt(k)
+    m = statistics.fmean(xs)
+    return (m - half, m + half)

@@ -9,9 +9,10 @@ generated into a plan) is replayed by the executor on the device under test, ins
   process's threads waited for a CPU at most 0.5% of the step); pass with at least 30, else
   inconclusive: the host was too busy for the figures to be the device's.
 * ``step_time`` (info): median, p05, p95, p99 and mean step time (ms) over the undisturbed steps,
-  each with its 95% interval by batch means (:func:`.stats.batch_interval`: consecutive steps are not
-  independent, so an iid interval would let a neighbour's busy phase carry the figure); ``step_cv`` and ``stalls``
-  (info): steps longer than 3x the median. With too few undisturbed steps the same figures over all
+  each with its 95% interval by batch means (:func:`.stats.batch_interval`, the mean's by
+  :func:`.stats.batch_mean_interval`: consecutive steps are not independent, so an iid interval
+  would let a neighbour's busy phase carry the figure); ``step_cv`` and ``stalls`` (info): steps
+  longer than 3x the median. With too few undisturbed steps the same figures over all
   steps are ``step_time_disturbed`` rows, which the fleet does not compare.
 * ``throughput_drift`` (check): the p10 step time of the last third of the (undisturbed) steps over
   that of the first third, with a conservative 95% interval (:func:`.stats.ratio_interval` of the
@@ -48,7 +49,15 @@ from mystique.timing import loadavg
 from ._ctx import Measured, PerformanceContext
 from .clocks import ClockSampler, median_of, throttle_names
 from .paired import run_paired
-from .stats import batch_interval, cv, quantile, quantile_interval, ratio_interval, slowdown_verdict
+from .stats import (
+    batch_interval,
+    batch_mean_interval,
+    cv,
+    quantile,
+    quantile_interval,
+    ratio_interval,
+    slowdown_verdict,
+)
 from .timed import CAP, MIN_UNDISTURBED, Calls, timed_calls
 
 STALL_FACTOR = 3.0
@@ -109,14 +118,15 @@ def distribution_rows(ctx: PerformanceContext, subject: str, calls: Calls, host:
     how = f"{len(ms)} of {len(calls.seconds)} steps run back to back on {ctx.target.label}: {calls.describe()}; {host}"
     check = "step_time" if calls.enough else "step_time_disturbed"  # a disturbed figure is not compared
     record = ctx.record if calls.enough else ctx.record_only
-    how += ("; intervals by batch means (the figure of each of up to 10 consecutive batches of steps, the "
-            "order-statistics interval of their median: steps in a row are not independent)")
     for q, metric in ((0.5, "median_ms"), (0.05, "p05_ms"), (0.95, "p95_ms"), (0.99, "p99_ms")):
         lo, hi = batch_interval(ms, lambda xs, q=q: quantile(xs, q))
-        record(check, subject, "float32", metric, Measured(quantile(ms, q), lo, hi, False, "ms"), how)
-    lo, hi = batch_interval(ms, statistics.fmean)
+        record(check, subject, "float32", metric, Measured(quantile(ms, q), lo, hi, False, "ms"),
+               f"{how}; intervals by batch means (the figure of each of up to 10 consecutive batches of steps, "
+               "the order-statistics interval of their median: steps in a row are not independent)")
+    lo, hi = batch_mean_interval(ms)
     record(check, subject, "float32", "mean_ms", Measured(statistics.fmean(ms), lo, hi, False, "ms"),
-           f"{how}; occasional stalls move the mean, not the median")
+           f"{how}; occasional stalls move the mean, not the median; its interval is the mean's by batch means "
+           "(Student t over the means of up to 10 consecutive batches: steps in a row are not independent)")
     ctx.res.add("step_cv", subject, "cv", cv(ms), status="info", dtype="float32",
                 detail=f"standard deviation over mean of {len(ms)} step times")
     med = statistics.median(ms)
