@@ -259,15 +259,19 @@ def ranking_bars(
     title: str,
     xlabel: str,
     statuses: Sequence[str] | None = None,
+    limit: float | None = None,
     uid: str = "c0",
 ) -> str:
-    """Horizontal bars in the given order (largest first is the caller's choice), value labels at the end."""
+    """Horizontal bars in the given order (largest first is the caller's choice), value labels at the end;
+    ``limit``: a dashed vertical line there (the threshold the bars are judged against)."""
     vals = np.asarray(values, dtype=float)
     with matplotlib.rc_context(_RC):
         fig, ax = _figure(len(labels))
         colors = [STATUS_COLORS.get(s, PALETTE[0]) for s in statuses] if statuses else PALETTE[0]
         bars = ax.barh(range(len(labels)), np.nan_to_num(vals), color=colors, height=0.65)
         ax.bar_label(bars, fmt="%.3g", padding=2, fontsize=7)
+        if limit is not None and math.isfinite(limit):
+            ax.axvline(limit, color=STATUS_COLORS["fail"], lw=1.0, ls="--").set_gid("limit")
         return _finish(fig, ax, labels, title=title, xlabel=xlabel, uid=uid)
 
 

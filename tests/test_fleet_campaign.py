@@ -3,6 +3,7 @@ another, judged by the fleet comparison, with a noisy neighbour."""
 
 from __future__ import annotations
 
+import re
 import statistics
 import time
 
@@ -118,6 +119,7 @@ def test_a_small_campaign_flags_a_much_slower_device_and_writes_its_rows(schedul
         assert row["value"] > row["threshold"] and "verdict: fail" in row["detail"]
     html = (out / "report.html").read_text()
     assert "campaign_flagged" in html and "of every run against its fleet" in html
+    assert re.search(r'id="c\d+-limit"', html) and "dashed: the median limit" in html  # the line bars are judged by
 
 
 @pytest.mark.parametrize("args, message", [

@@ -130,12 +130,15 @@ def _campaign(rows: SuiteRows) -> list[dict[str, Any]]:
     for figure, g in list(df.groupby("figure", sort=False))[:MAX_FLEET_CHARTS]:
         g = g.sort_values("value", ascending=False)
         statuses = [(m[1] if (m := _VERDICT.search(d)) else "info") for d in g["detail"]]
-        limits = sorted({f"{x:.3f}" for x in g["threshold"] if math.isfinite(x)})
-        out.append(chart(ranking_bars(list(g["run"]), list(g["value"]), statuses=statuses, uid=rows.ids(),
+        finite = sorted(x for x in g["threshold"] if math.isfinite(x))
+        limits = (f"{finite[0]:.3f}-{finite[-1]:.3f}" if finite and finite[-1] > finite[0]
+                  else f"{finite[0]:.3f}" if finite else "none")
+        line = finite[len(finite) // 2] if finite else None
+        out.append(chart(ranking_bars(list(g["run"]), list(g["value"]), statuses=statuses, limit=line, uid=rows.ids(),
                                       title=f"campaign: {figure} of every run against its fleet",
                                       xlabel="slowdown vs the healthy fleet's median"),
                          f"Each run against the healthy runs (a healthy run against the others); limit "
-                         f"{', '.join(limits)}; red: flagged (slower beyond the limit with confidence), amber: "
+                         f"{limits} (dashed: the median limit); red: flagged (slower beyond the limit with confidence), amber: "
                          "inconclusive, green: within what the fleet allows."))
     return out
 
