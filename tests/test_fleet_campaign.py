@@ -67,21 +67,15 @@ def test_a_member_too_disturbed_gets_bursts_of_its_own_up_to_the_cap(monkeypatch
 
 
 def test_members_that_would_not_fit_in_memory_are_refused_before_any_is_built(monkeypatch):
-    class _Plan:
-        def __init__(self, plan, device, seed=0):
-            built.append(seed)
-
-        def peak_bytes(self):
-            return 3 << 30
-
     built: list[int] = []
-    monkeypatch.setattr(at_once.ex, "Executor", _Plan)
+    monkeypatch.setattr(at_once.ex, "Executor", lambda plan, device, seed=0: built.append(seed))
+    monkeypatch.setattr(at_once.ex, "schedule", lambda plan: {"peak_bytes": 3 << 30})
     monkeypatch.setattr(at_once, "device_memory_bytes", lambda device, available=False: 8 << 30)
     bench = type("B", (), {"plan": {}, "subject": "w"})()
     specs = [(f"m{i}", make_target("cpu"), i) for i in range(2)]
     with pytest.raises(UsageError, match="2 members need 6.00 GiB"):
         at_once.build_members(specs, [bench], "cpu")
-    assert built == [0]  # the one executor that sized the plan
+    assert built == []  # the plans are sized from their schedules: no executor is built
 
 
 def _compared(out, side: str, n: int) -> list[int]:

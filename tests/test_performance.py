@@ -357,8 +357,6 @@ def test_gpu_micro_checks_reach_80_percent_of_nominal(tmp_path):
     assert bf16.max() >= 0.8 and mem.max() >= 0.8, frac[["subject", "dtype", "value"]].to_string()
 
 
-
-
 # -- evidence on accelerators (the first H100 runs) ---------------------------------------------------
 
 class _Rows:

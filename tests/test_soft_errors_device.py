@@ -462,6 +462,15 @@ def _h100_false_positive_case():
     return a, b
 
 
+def _h100_device_product(a, b):
+    """(the exact product, the product as the H100's fp16 kernel made it: errs by up to 0.34 u of the
+    largest row's sum |a||b|, uniformly, seeded)."""
+    exact = a.double() @ b.double()
+    scale = float((a.double().abs() @ b.double().abs()).amax())
+    noise = torch.empty_like(exact).uniform_(-1, 1, generator=torch.Generator().manual_seed(1))
+    return exact, (exact + noise * 0.34 * 2.0**-24 * scale).float()
+
+
 def test_fp16_rows_are_held_to_the_products_scale_as_the_h100_kernel_errs():
     """The H100's fp16 GEMM with fp32 output erred by up to 0.34 u of the largest row's sum |a||b| in rows
     hundreds of times smaller (1195 u of their own): held to the largest row's threshold, such a product
@@ -471,10 +480,7 @@ def test_fp16_rows_are_held_to_the_products_scale_as_the_h100_kernel_errs():
 
     assert torch.float16 in SCALE_FLOOR_DTYPES and torch.bfloat16 not in SCALE_FLOOR_DTYPES
     a, b = _h100_false_positive_case()
-    exact = a.double() @ b.double()
-    scale = float((a.double().abs() @ b.double().abs()).amax())
-    noise = torch.empty_like(exact).uniform_(-1, 1, generator=torch.Generator().manual_seed(1))
-    device = (exact + noise * 0.34 * 2.0**-24 * scale).float()  # the error pattern the H100 showed
+    exact, device = _h100_device_product(a, b)  # the error pattern the H100 showed
     enc = lambda: encode_gemm(a.float(), b.float())  # noqa: E731
     for exact_ratio in (False, True):
         assert verify_gemm(enc(), device, dtype=torch.float16, exact_ratio=exact_ratio).alarm  # per-row: alarms
@@ -491,10 +497,8 @@ def test_checked_mm_holds_the_device_fp16_kernel_to_the_products_scale(monkeypat
     from mystique.validators.soft_errors.abft import gemm
 
     a, b = _h100_false_positive_case()
-    exact = a.double() @ b.double()
-    scale = float((a.double().abs() @ b.double().abs()).amax())
-    noise = torch.empty_like(exact).uniform_(-1, 1, generator=torch.Generator().manual_seed(1))
-    monkeypatch.setattr(gemm, "device_half_mm", lambda x, y: (exact + noise * 0.34 * 2.0**-24 * scale).float())
+    _, device = _h100_device_product(a, b)
+    monkeypatch.setattr(gemm, "device_half_mm", lambda x, y: device)
     monkeypatch.setattr(gemm, "missing", lambda device: False)
     assert not gemm.checked_mm(a, b, exact_ratio=True)[1].alarm
     monkeypatch.setattr(gemm, "SCALE_FLOOR_DTYPES", ())

@@ -82,7 +82,7 @@ def build_members(specs: Sequence[tuple[str, Any, int]], benches: Sequence[Any],
     """A :class:`Member` per ``(name, target, seed)``, with an executor per benchmark (probed under
     its target); UsageError when their plans' peak memory together exceeds :data:`MEMORY_SHARE` of
     what the device has available."""
-    need = sum(ex.Executor(b.plan, device, seed=0).peak_bytes() for b in benches) * len(specs)
+    need = sum(int(ex.schedule(b.plan)["peak_bytes"]) for b in benches) * len(specs)
     avail = device_memory_bytes(device, available=True)
     if avail is not None and need > MEMORY_SHARE * avail:
         raise UsageError(f"{len(specs)} members need {need / 2**30:.2f} GiB of executors at once, more than "

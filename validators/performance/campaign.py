@@ -38,7 +38,6 @@ from mystique import results
 from mystique.errors import UsageError
 from mystique.hostinfo import torch_threads
 from mystique.progress import Progress
-from mystique.replay import runtime as ex
 from mystique.targets import make_target
 from mystique.timing import loadavg
 
@@ -136,6 +135,7 @@ def _at_once(specs: list[tuple[str, Any, int]], out: Path, *, duration: float, w
 
     from . import LEVELS
     from .at_once import build_members, measure_at_once, member_frame, schedule
+    from .sustained import steady_allocator
 
     spec, device = LEVELS["quick"], specs[0][1].device
     rounds, _ = schedule(duration, len(workloads))
@@ -143,15 +143,13 @@ def _at_once(specs: list[tuple[str, Any, int]], out: Path, *, duration: float, w
     with bm.cache_root(out) as root:
         benches = [bm.reference(w, spec["config"], spec["mode"], "float32", root, progress) for w in workloads]
     threads = len(os.sched_getaffinity(0))
-    # CPU: large blocks from a heap never trimmed, as the sustained group runs them
-    allocator = ex.steady_host_allocator() if specs[0][1].torch_device.type == "cpu" else None
+    allocator = steady_allocator(specs[0][1])  # as the sustained group runs its steps
     with torch_threads(threads):
         progress.note(f"{len(specs)} simulated devices: an executor each per workload")
         members = build_members(specs, benches, device)
         load = loadavg()
         how = measure_at_once(members, duration, progress, seed)
-    host = (f"host load average {load} -> {loadavg()} (1, 5, 15 min); {threads} threads; host allocator: "
-            f"{allocator or 'the C library default'}")
+    host = f"host load average {load} -> {loadavg()} (1, 5, 15 min); {threads} threads; host allocator: {allocator}"
     return {m.name: member_frame(m, how, host) for m in members}
 
 

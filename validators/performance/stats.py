@@ -168,11 +168,20 @@ def batch_interval(values: Sequence[float], figure: Callable[[Sequence[float]], 
     batch or two moves its extremes, not that interval (the batch means method of simulation output
     analysis)."""
     xs = [float(v) for v in values]
+    batches = _batches(xs)
+    if len(batches) < 2:
+        return quantile_interval([figure(xs)] if xs else [], 0.5, level)
+    return quantile_interval([figure(b) for b in batches], 0.5, level)
+
+
+def _batches(xs: list[float]) -> list[list[float]]:
+    """``xs`` cut into ``BATCHES`` contiguous batches of near-equal size (fewer, of at least ``MIN_BATCH``
+    values each, when short; none below two)."""
     k = min(BATCHES, len(xs) // MIN_BATCH)
     if k < 2:
-        return quantile_interval([figure(xs)] if xs else [], 0.5, level)
+        return []
     edges = [round(i * len(xs) / k) for i in range(k + 1)]
-    return quantile_interval([figure(xs[edges[i]:edges[i + 1]]) for i in range(k)], 0.5, level)
+    return [xs[edges[i]:edges[i + 1]] for i in range(k)]
 
 
 def batch_mean_interval(values: Sequence[float], level: float = LEVEL) -> tuple[float, float]:
@@ -190,11 +199,10 @@ def batch_mean_interval(values: Sequence[float], level: float = LEVEL) -> tuple[
     from scipy.stats import t as student_t
 
     xs = [float(v) for v in values]
-    k = min(BATCHES, len(xs) // MIN_BATCH)
+    means = [statistics.fmean(b) for b in _batches(xs)]
+    k = len(means)
     if k < 2:
         return (-math.inf, math.inf)
-    edges = [round(i * len(xs) / k) for i in range(k + 1)]
-    means = [statistics.fmean(xs[edges[i]:edges[i + 1]]) for i in range(k)]
     half = float(student_t.ppf(0.5 + level / 2.0, k - 1)) * statistics.stdev(means) / math.sqrt(k)
     m = statistics.fmean(xs)
     return (m - half, m + half)

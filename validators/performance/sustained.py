@@ -40,6 +40,7 @@ generated into a plan) is replayed by the executor on the device under test, ins
 from __future__ import annotations
 
 import statistics
+from typing import Any
 
 from mystique.validators.correctness import benchmarks as bm
 
@@ -73,10 +74,7 @@ def run_sustained(ctx: PerformanceContext) -> None:
     s = ctx.settings
     names = s["workloads"]
     share = float(s["duration"]) / max(len(names), 1)
-    # CPU: large blocks from a heap never trimmed (as replay does): otherwise how many page faults a step
-    # pays depends on the allocations before it, a run-to-run difference that is not the device's
-    allocator = (ex.steady_host_allocator() if ctx.target.torch_device.type == "cpu" else None) or \
-        "the C library's default"
+    allocator = steady_allocator(ctx.target)
     with bm.cache_root(ctx.out_dir) as root:
         for name in names:
             bench = bm.reference(name, s["config"], s["mode"], "float32", root, ctx.progress)
@@ -102,6 +100,13 @@ def run_sustained(ctx: PerformanceContext) -> None:
             _clock_rows(ctx, bench.subject, sampler, samples)
             if ctx.target.mode_factory is not None and s["paired"]:
                 run_paired(ctx, bench.subject, executor, share * s["paired_share"])
+
+
+def steady_allocator(target: Any) -> str:
+    """On the CPU, large blocks from a heap never trimmed (as replay does): otherwise how many page faults a
+    step pays depends on the allocations before it, a run-to-run difference that is not the device's.
+    Returns the allocator the steps run with, in words."""
+    return (ex.steady_host_allocator() if target.torch_device.type == "cpu" else None) or "the C library's default"
 
 
 def contention_row(ctx: PerformanceContext, subject: str, calls: Calls) -> None:
