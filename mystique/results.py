@@ -5,7 +5,9 @@ Every suite records its checks through :class:`Results`; every CSV is written by
 torch, so reports can use it.
 
 Columns, in order: ``run_id, started_at, host, device, device_name, torch_version, suite, check,
-subject, dtype, metric, value, unit, threshold, status, detail``.
+subject, dtype, metric, value, unit, threshold, low, high, status, detail``. ``low`` and ``high``
+are the 95% interval of ``value`` where it has one (empty otherwise); a verdict reads them, never
+the sentence in ``detail``. Files written before they existed load with both empty.
 """
 
 from __future__ import annotations
@@ -42,6 +44,8 @@ COLUMNS: tuple[str, ...] = (
     "value",
     "unit",
     "threshold",
+    "low",
+    "high",
     "status",
     "detail",
 )
@@ -50,8 +54,14 @@ SUITES: tuple[str, ...] = (
 )
 # Checks end pass, fail, inconclusive (a timing interval straddling its band), skip or error; a
 # measurement (a PVF, a trial count, a time, a bandwidth) is `info`: shown, never counted as a check.
+# Columns added after the first release: a file that lacks them loads with them empty.
+OPTIONAL_COLUMNS: tuple[str, ...] = ("low", "high")
+NUMERIC_COLUMNS: tuple[str, ...] = ("value", "threshold", "low", "high")
 STATUSES: tuple[str, ...] = ("pass", "fail", "inconclusive", "skip", "error", "info")
-CHECK_STATUSES: tuple[str, ...] = ("pass", "fail", "inconclusive", "skip", "error")
+CHECK_# Columns added after the first release: a file that lacks them loads with them empty.
+OPTIONAL_COLUMNS: tuple[str, ...] = ("low", "high")
+NUMERIC_COLUMNS: tuple[str, ...] = ("value", "threshold", "low", "high")
+STATUSES: tuple[str, ...] = ("pass", "fail", "inconclusive", "skip", "error")
 BAD_STATUSES: tuple[str, ...] = ("fail", "inconclusive", "error")
 _SNAKE = re.compile(r"^[a-z0-9]+(_[a-z0-9]+)*$")
 
@@ -118,6 +128,8 @@ class Results:
         threshold: Any = None,
         dtype: str = "",
         detail: str = "",
+        low: Any = None,
+        high: Any = None,
     ) -> dict[str, Any]:
         if not _SNAKE.match(check):
             raise ValueError(f"check {check!r} is not snake_case")
@@ -133,6 +145,8 @@ class Results:
             value=_clean_number(value),
             unit=str(unit or ""),
             threshold=_clean_number(threshold),
+            low=_clean_number(low),
+            high=_clean_number(high),
             status=status,
             detail=" ".join(str(detail or "").split()),
         )
@@ -163,6 +177,9 @@ def validate(df: pd.DataFrame) -> pd.DataFrame:
 
     Raises ``ValueError`` naming the first problem.
     """
+    absent = [c for c in OPTIONAL_COLUMNS if c not in df.columns]
+    if absent:
+        df = df.assign(**{c: math.nan for c in absent})
     missing = [c for c in COLUMNS if c not in df.columns]
     if missing:
         raise ValueError(f"results table lacks column(s): {', '.join(missing)}")
@@ -171,7 +188,7 @@ def validate(df: pd.DataFrame) -> pd.DataFrame:
         raise ValueError(f"results table has unknown column(s): {', '.join(map(str, extra))}")
     out = df.loc[:, list(COLUMNS)].copy()
     for col in COLUMNS:
-        if col in ("value", "threshold"):
+        if col in NUMERIC_COLUMNS:
             try:
                 out[col] = pd.to_numeric(out[col].replace("", math.nan), errors="raise").astype(float)
             except (TypeError, ValueError) as exc:

@@ -18,8 +18,28 @@ CTX = results.RunContext(device="cpu", device_name="Test CPU", torch_version="2.
 def test_columns_are_the_design_columns_in_order():
     assert results.COLUMNS == (
         "run_id", "started_at", "host", "device", "device_name", "torch_version", "suite", "check",
-        "subject", "dtype", "metric", "value", "unit", "threshold", "status", "detail",
+        "subject", "dtype", "metric", "value", "unit", "threshold", "low", "high", "status", "detail",
     )
+
+
+def test_a_results_file_written_before_the_interval_columns_still_loads(tmp_path):
+    old = [c for c in results.COLUMNS if c not in ("low", "high")]
+    row = dict.fromkeys(old, "")
+    row.update(suite="replay", check="replay_coverage", value="1.0", status="pass", run_id="r1")
+    path = tmp_path / "results.csv"
+    pd.DataFrame([row], columns=old).to_csv(path, index=False)
+    df = results.read_csv(path)
+    assert list(df.columns) == list(results.COLUMNS)
+    assert math.isnan(df.loc[0, "low"]) and math.isnan(df.loc[0, "high"])
+    assert df.loc[0, "status"] == "pass"
+
+
+def test_the_interval_columns_carry_numbers_through_a_write_and_read(tmp_path):
+    res = results.Results(CTX, "replay")
+    res.add("replay_step_time_ratio", "b", "ratio", 1.01, status="pass", low=0.98, high=1.04)
+    path = results.write_csv(res.frame(), tmp_path / "results.csv")
+    df = results.read_csv(path)
+    assert (df.loc[0, "low"], df.loc[0, "high"]) == (0.98, 1.04)
 
 
 def test_add_builds_a_full_row_and_normalises_dtype_and_detail():
