@@ -52,16 +52,13 @@ COLUMNS: tuple[str, ...] = (
 SUITES: tuple[str, ...] = (
     "capture", "replay", "numerics", "soft_errors", "correctness", "onnx", "distributed", "performance", "selftest",
 )
-# Checks end pass, fail, inconclusive (a timing interval straddling its band), skip or error; a
-# measurement (a PVF, a trial count, a time, a bandwidth) is `info`: shown, never counted as a check.
 # Columns added after the first release: a file that lacks them loads with them empty.
 OPTIONAL_COLUMNS: tuple[str, ...] = ("low", "high")
 NUMERIC_COLUMNS: tuple[str, ...] = ("value", "threshold", "low", "high")
+# Checks end pass, fail, inconclusive (a timing interval straddling its band), skip or error; a
+# measurement (a PVF, a trial count, a time, a bandwidth) is `info`: shown, never counted as a check.
 STATUSES: tuple[str, ...] = ("pass", "fail", "inconclusive", "skip", "error", "info")
-CHECK_# Columns added after the first release: a file that lacks them loads with them empty.
-OPTIONAL_COLUMNS: tuple[str, ...] = ("low", "high")
-NUMERIC_COLUMNS: tuple[str, ...] = ("value", "threshold", "low", "high")
-STATUSES: tuple[str, ...] = ("pass", "fail", "inconclusive", "skip", "error")
+CHECK_STATUSES: tuple[str, ...] = ("pass", "fail", "inconclusive", "skip", "error")
 BAD_STATUSES: tuple[str, ...] = ("fail", "inconclusive", "error")
 _SNAKE = re.compile(r"^[a-z0-9]+(_[a-z0-9]+)*$")
 
