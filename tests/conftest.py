@@ -40,14 +40,24 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def _hypothesis_profiles() -> None:
-    """CI runs a fixed example sequence (a red build must reproduce); local runs explore."""
-    import os
+    """Two Hypothesis profiles (tests/hyp.py):
 
-    from hypothesis import settings
+    * ``default``: a fixed example sequence (derandomized), no example database and no deadline or
+      too-slow health check, so a run's verdict depends neither on earlier runs nor on how busy the
+      host is; every case ever found failing stands as an explicit ``@example``.
+    * ``fuzz`` (``MYSTIQUE_HYPOTHESIS=fuzz``): random seeds and ten times the examples
+      (``hyp.examples``); ``pytest -m slow`` runs the property tests under it. A failure it finds
+      becomes an ``@example`` of its test.
+    """
+    from hyp import FUZZ
+    from hypothesis import HealthCheck, settings
 
-    settings.register_profile("ci", derandomize=True, print_blob=True)
-    if os.environ.get("CI"):
-        settings.load_profile("ci")
+    quiet = [HealthCheck.too_slow]
+    settings.register_profile("default", derandomize=True, database=None, deadline=None, print_blob=True,
+                              suppress_health_check=quiet)
+    settings.register_profile("fuzz", derandomize=False, database=None, deadline=None, print_blob=True,
+                              max_examples=1000, suppress_health_check=quiet)
+    settings.load_profile("fuzz" if FUZZ else "default")
 
 
 _hypothesis_profiles()

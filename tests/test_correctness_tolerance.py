@@ -6,7 +6,8 @@ import math
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hyp import examples
+from hypothesis import given
 from hypothesis import strategies as st
 from mystique.validators.correctness import engine
 from mystique.validators.correctness import tolerance as tol
@@ -40,7 +41,7 @@ def test_unit_roundoff_and_accumulation_dtypes():
         tol.unit_roundoff(torch.int32)
 
 
-@settings(max_examples=40, deadline=None)
+@examples(40)
 @given(n=st.integers(1, 300), seed=st.integers(0, 2**31 - 1), scale_exp=st.integers(-20, 20))
 def test_normwise_error_is_zero_on_itself_and_invariant_under_power_of_two_scaling(n, seed, scale_exp):
     g = torch.Generator().manual_seed(seed)
@@ -64,7 +65,7 @@ def test_normwise_error_requires_matching_non_finite_values():
         tol.normwise_error(torch.zeros(2), torch.zeros(3, dtype=torch.float64))
 
 
-@settings(max_examples=30, deadline=None)
+@examples(30)
 @given(dtype=st.sampled_from((torch.float32, torch.bfloat16, torch.float16)), n=st.integers(8, 400),
        seed=st.integers(0, 2**31 - 1))
 def test_one_ulp_differences_pass_and_a_thousandth_fails(dtype, n, seed):

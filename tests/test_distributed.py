@@ -15,7 +15,8 @@ import time
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings
+from hyp import examples
+from hypothesis import given
 from hypothesis import strategies as st
 
 from mystique.distributed import LaunchResult, RankOutcome, failure_message, find_rank_sources
@@ -134,7 +135,7 @@ def test_chakra_holds_one_rank_of_two_with_its_process_group(chakra_file):
     assert all(s.in_nelems == 1 and s.out_nelems == 2 and s.asynchronous for s in specs)
 
 
-@settings(max_examples=60, deadline=None)
+@examples(60)
 @given(st.data())
 def test_mirrored_peers_agree_on_every_all_to_all_pair(data):
     world = data.draw(st.integers(2, 6))

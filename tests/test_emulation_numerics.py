@@ -16,7 +16,8 @@ import warnings
 import pytest
 import torch
 import torch.nn.functional as F
-from hypothesis import given, settings
+from hyp import examples
+from hypothesis import given
 from hypothesis import strategies as st
 from mystique.validators import numerics
 from mystique.validators.numerics import _fp, bounds
@@ -371,7 +372,7 @@ def _random_tree_sum(x: torch.Tensor, g: torch.Generator) -> torch.Tensor:
     return v[0]
 
 
-@settings(max_examples=15, deadline=None)
+@examples(15)
 @given(st.integers(2, 300), st.sampled_from(["normal", "positive", "wide"]), st.integers(0, 2**31),
        st.sampled_from([torch.bfloat16, torch.float16, torch.float32]))
 def test_sums_in_any_order_stay_within_the_bound(n, dist, seed, dtype):
@@ -388,7 +389,7 @@ def test_sums_in_any_order_stay_within_the_bound(n, dist, seed, dtype):
     assert ((got.double() - y).abs() <= b).all()
 
 
-@settings(max_examples=15, deadline=None)
+@examples(15)
 @given(st.integers(2, 40), st.integers(2, 1500), st.integers(0, 2**31), st.sampled_from([torch.bfloat16, torch.float16]))
 def test_cudas_scan_stays_within_the_worst_case_depth_bound(rows, n, seed, dtype):
     g = torch.Generator().manual_seed(seed)

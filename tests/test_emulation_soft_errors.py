@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hyp import examples
+from hypothesis import given
 from hypothesis import strategies as st
 from mystique.validators import soft_errors
 from mystique.validators.soft_errors import abft, exact, half
@@ -111,7 +112,7 @@ def _ints(dtype: torch.dtype, shape: tuple[int, ...], g: torch.Generator, extrem
     return torch.randint(lo, hi + 1, shape, generator=g, dtype=torch.int64).to(dtype)
 
 
-@settings(max_examples=60, deadline=None)
+@examples(60)
 @given(m=st.integers(0, 40), k=st.integers(0, 40), n=st.integers(0, 40), dtype=st.sampled_from([torch.int8, torch.uint8]),
        extreme=st.booleans(), emulated=st.booleans(), seed=st.integers(0, 2**31))
 def test_int8_checksums_are_bit_exact_against_a_cpu_int64_reference(m, k, n, dtype, extreme, emulated, seed):
@@ -124,7 +125,7 @@ def test_int8_checksums_are_bit_exact_against_a_cpu_int64_reference(m, k, n, dty
     assert torch.equal(row, a64 @ b64.sum(1)) and torch.equal(col, a64.sum(0) @ b64)
 
 
-@settings(max_examples=60, deadline=None)
+@examples(60)
 @given(rows=st.integers(1, 30), k=st.integers(0, 30), dtype=st.sampled_from(INTS), extreme=st.booleans(),
        dim=st.sampled_from([0, 1]), seed=st.integers(0, 2**31))
 def test_int_matvec_is_exact_for_every_integer_dtype_in_int32_and_int64_products(rows, k, dtype, extreme, dim, seed):
@@ -154,7 +155,7 @@ def test_int_matvec_refuses_a_range_that_could_overflow_int64():
     assert torch.equal(exact.int_matvec(x, v, x_bound=1, v_bound=1), torch.full((2,), 3))
 
 
-@settings(max_examples=40, deadline=None)
+@examples(40)
 @given(m=st.integers(0, 40), k=st.integers(0, 40), n=st.integers(0, 40), extreme=st.booleans(),
        seed=st.integers(0, 2**31))
 def test_int8_mm_is_exact_on_cudas_int_mm_for_every_shape(m, k, n, extreme, seed):

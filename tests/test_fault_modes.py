@@ -7,7 +7,8 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from hypothesis import given, settings
+from hyp import examples
+from hypothesis import given
 from hypothesis import strategies as st
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -146,7 +147,7 @@ def test_bitflip_hits_only_the_chosen_field(bits, field):
     assert bool(((diff & ~field_mask) == 0).all())
 
 
-@settings(max_examples=25, deadline=None)
+@examples(25)
 @given(seed=st.integers(0, 2**31 - 1), dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.float16,
                                                               torch.float64]),
        rate=st.floats(0.05, 1.0))
@@ -269,7 +270,7 @@ def test_truncating_casts_leave_everything_else_alone():
     assert torch.equal(widened.bfloat16().float(), widened)
 
 
-@settings(max_examples=60, deadline=None)
+@examples(60)
 @given(st.lists(st.floats(allow_nan=False, width=32), min_size=1, max_size=32))
 def test_truncating_bf16_cast_equals_dropping_the_low_16_bits(values):
     x = torch.tensor(values, dtype=torch.float32)

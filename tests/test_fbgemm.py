@@ -13,7 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings
+from hyp import examples
+from hypothesis import given
 from hypothesis import strategies as st
 from mystique.validators.soft_errors.abft.fbgemm import fbgemm_available
 
@@ -276,7 +277,7 @@ def test_checked_fbgemm_lookups_pass_clean_and_catch_a_flipped_code_bit():
 _FLIPS = {"code": (None, 0, 0x80), "scale": ("sb", 1, 0x40), "bias": ("sb", 3, 0x40)}
 
 
-@settings(max_examples=30, deadline=None)
+@examples(30)
 @given(st.sampled_from((8, 4)), st.sampled_from(("sum", "mean")), st.sampled_from((8, 16, 24, 64)),
        st.lists(st.integers(0, 7), min_size=1, max_size=12), st.sampled_from(sorted(_FLIPS)), st.data())
 def test_the_compiled_fbgemm_check_decides_as_the_torch_path_clean_and_with_a_flipped_row(bits, mode, d, lengths,

@@ -8,7 +8,8 @@ import math
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings
+from hyp import examples
+from hypothesis import given
 from hypothesis import strategies as st
 
 pytest.importorskip("onnx")
@@ -262,7 +263,7 @@ def test_benchmark_that_is_not_a_plan_is_usage_error(tmp_path):
 
 @given(st.lists(st.floats(-1e3, 1e3, allow_nan=False), min_size=1, max_size=20),
        st.floats(1e-3, 1e3), st.floats(-1e-2, 1e-2))
-@settings(max_examples=60, deadline=None)
+@examples(60)
 def test_normwise_error_is_scale_invariant_and_zero_on_equality(xs, scale, eps):
     ref = np.array(xs)
     out = ref * (1 + eps)

@@ -8,6 +8,7 @@ import math
 
 import pytest
 import torch
+from hyp import examples
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -123,7 +124,7 @@ def _same(a, b) -> bool:
 
 
 @given(_values)
-@settings(max_examples=200, deadline=None)
+@examples(200)
 def test_encode_json_decode_round_trips_every_argument_kind(value):
     text = json.dumps(ex.encode_value(value), allow_nan=False)
     assert _same(ex.decode_value(json.loads(text)), value)
@@ -407,7 +408,7 @@ def test_compiled_calls_pass_keyword_named_arguments_and_read_the_value_table():
 
 @given(low=st.integers(-1000, 10_000), size=st.integers(1, 500_000), n=st.integers(1, 3000),
        zipf=st.sampled_from([None, 0.8, 1.0, 1.05, 1.5]))
-@settings(max_examples=60, deadline=None)
+@examples(60)
 def test_integer_draws_stay_in_their_range_skewed_or_not(low, size, n, zipf):
     vals = ex.draw_ints(low, low + size, n, torch.device("cpu"), zipf)
     assert vals.dtype == torch.int64 and vals.numel() == n

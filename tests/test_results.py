@@ -6,7 +6,8 @@ import math
 
 import pandas as pd
 import pytest
-from hypothesis import given, settings
+from hyp import examples
+from hypothesis import given
 from hypothesis import strategies as st
 
 from mystique import results
@@ -101,7 +102,7 @@ def test_inconclusive_fails_the_run():
     assert results.counts(res.frame()).inconclusive == 1
 
 
-@settings(max_examples=40, deadline=None)
+@examples(40)
 @given(
     rows=st.lists(
         st.tuples(

@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from hypothesis import assume, given, settings
+from hyp import examples
+from hypothesis import assume, given
 from hypothesis import strategies as st
 from mystique.validators.soft_errors import _kernels, abft, campaign, inject, stats
 from mystique.validators.soft_errors.abft import bag_verdict, fused_lookup
@@ -59,7 +60,7 @@ def _one_thread():
 
 # ----------------------------------------------------------------------------- bits
 
-@settings(max_examples=60, deadline=None)
+@examples(60)
 @given(dt=st.sampled_from(ALL), value=st.floats(-1e4, 1e4, allow_nan=False), data=st.data())
 def test_flipping_the_same_bits_twice_is_identity(dt, value, data):
     width = bits.dtype_bits(dt)
@@ -72,7 +73,7 @@ def test_flipping_the_same_bits_twice_is_identity(dt, value, data):
     assert torch.equal(int_view(t.clone()), before)
 
 
-@settings(max_examples=40, deadline=None)
+@examples(40)
 @given(dt=st.sampled_from(FLOATS), value=st.floats(-6e4, 6e4, allow_nan=False, allow_infinity=False))
 def test_flipping_the_sign_bit_negates(dt, value):
     t = torch.tensor([value]).to(dt)
@@ -80,7 +81,7 @@ def test_flipping_the_sign_bit_negates(dt, value):
     assert new == -orig and math.copysign(1, new) != math.copysign(1, orig)
 
 
-@settings(max_examples=80, deadline=None)
+@examples(80)
 @given(dt=st.sampled_from(FLOATS), value=st.floats(1e-3, 1e3), data=st.data())
 def test_exponent_flips_scale_by_a_power_of_two(dt, value, data):
     exp_bits = bits.bit_classes(dt)["exponent"]
@@ -123,7 +124,7 @@ def test_wilson_matches_known_values():
     assert stats.wilson(0, 0) == (0.0, 1.0)
 
 
-@settings(max_examples=100, deadline=None)
+@examples(100)
 @given(n=st.integers(1, 100000), data=st.data())
 def test_wilson_bounds_solve_the_score_equation(n, data):
     k = data.draw(st.integers(0, n))
@@ -138,7 +139,7 @@ def test_wilson_bounds_solve_the_score_equation(n, data):
 
 # ----------------------------------------------------------------------------- checked operators
 
-@settings(max_examples=120, deadline=None)
+@examples(120)
 @given(m=st.integers(1, 70), k=st.integers(1, 300), n=st.integers(1, 70), dt=st.sampled_from(FLOATS),
        dist=st.sampled_from(campaign.DISTRIBUTIONS + ("constant", "same_rows")), scale=st.floats(-8, 8),
        seed=st.integers(0, 2**31))
@@ -156,7 +157,7 @@ def test_checked_mm_never_alarms_on_clean_data(m, k, n, dt, dist, scale, seed):
     assert c.dtype == dt and c.shape == (m, n)
 
 
-@settings(max_examples=120, deadline=None)
+@examples(120)
 @given(m=st.integers(1, 70), k=st.integers(1, 300), n=st.integers(1, 70), dt=st.sampled_from(FLOATS[1:]),
        dist=st.sampled_from(campaign.DISTRIBUTIONS + ("constant", "same_rows")), scale=st.floats(-6, 4),
        seed=st.integers(0, 2**31))
@@ -259,7 +260,7 @@ def test_checked_embedding_bag_is_right_quiet_when_clean_and_detects_a_table_fli
     assert rep.alarm and 1 in rep.rows
 
 
-@settings(max_examples=120, deadline=None)
+@examples(120)
 @given(m=st.integers(1, 90), k=st.integers(1, 200), n=st.integers(1, 90), dist=st.sampled_from(campaign.DISTRIBUTIONS),
        flips=st.integers(0, 2), bit=st.integers(0, 31), seed=st.integers(0, 2**31),
        path=st.sampled_from(["compiled", "primed", "torch"]))
@@ -316,7 +317,7 @@ def test_checked_linear_encodes_a_weight_once_and_again_after_an_update():
     assert key not in abft_linear._LINEARS.entries  # the cached encoding does not keep a dead weight's memory
 
 
-@settings(max_examples=120, deadline=None)
+@examples(120)
 @given(rows=st.integers(1, 120), d=st.sampled_from([1, 4, 16, 33]), lengths=st.lists(st.integers(0, 30), min_size=1,
        max_size=10), mode=st.sampled_from(["sum", "mean"]), weighted=st.booleans(),
        site=st.sampled_from(["clean", "table", "output"]), bit=st.integers(0, 31), seed=st.integers(0, 2**31),
@@ -343,7 +344,7 @@ def test_embedding_bag_fast_path_reaches_the_exact_verdict(rows, d, lengths, mod
 
 
 @needs_kernels
-@settings(max_examples=120, deadline=None)
+@examples(120)
 @given(m=st.integers(1, 70), k=st.integers(1, 150), n=st.integers(1, 70), dist=st.sampled_from(campaign.DISTRIBUTIONS),
        flips=st.integers(0, 2), bit=st.integers(0, 31), seed=st.integers(0, 2**31),
        op=st.sampled_from(["mm", "linear", "linear_nobias"]))
@@ -553,7 +554,7 @@ def test_clean_campaign_raises_no_alarm():
     assert not [o for o in outs if o["alarm"]]
 
 
-@settings(max_examples=80, deadline=None)
+@examples(80)
 @given(rows=st.integers(1, 50), lengths=st.lists(st.integers(0, 12), min_size=1, max_size=12),
        mode=st.sampled_from(["sum", "mean"]), weighted=st.booleans(), seed=st.integers(0, 2**31))
 def test_pooled_reference_equals_an_fp64_embedding_bag_for_any_bag_layout(rows, lengths, mode, weighted, seed):
@@ -685,7 +686,7 @@ def _spy_kernels():
 
 
 @needs_kernels
-@settings(max_examples=40, deadline=None)
+@examples(40)
 @given(seed=st.integers(0, 2**31 - 1), d=st.sampled_from([1, 7, 16, 17, 63, 64, 65, 128, 130, 200, 256]),
        mode=st.sampled_from(["sum", "mean", "weighted"]), quantized=st.booleans(), int32=st.booleans())
 def test_the_fused_lookup_returns_torchs_output_bitwise_and_no_alarm(seed, d, mode, quantized, int32):

@@ -11,7 +11,8 @@ import math
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hyp import examples
+from hypothesis import given
 from hypothesis import strategies as st
 from mystique.validators.soft_errors import abft, protect
 from mystique.validators.soft_errors.abft import device_linear as dl
@@ -102,7 +103,7 @@ def test_the_half_linear_is_checked_on_the_devices_fp32_output_kernel_itself(dty
     assert rep.alarm and rep.location == (0, 3), rep.describe()
 
 
-@settings(max_examples=25, deadline=None)
+@examples(25)
 @given(m=st.integers(1, 40), k=st.integers(1, 300), n=st.integers(1, 40), seed=st.integers(0, 2**31),
        positive=st.booleans(), dtype=st.sampled_from([torch.float32, *HALF]))
 def test_no_clean_tf32_or_half_linear_alarms_on_the_emulated_gpu(m, k, n, seed, positive, dtype):
@@ -146,7 +147,7 @@ def _split_k_reduced(x: torch.Tensor, w: torch.Tensor, splits: int, dtype: torch
     return out
 
 
-@settings(max_examples=20, deadline=None)
+@examples(20)
 @given(k=st.integers(16, 2048), splits=st.integers(2, 16), seed=st.integers(0, 2**31), positive=st.booleans(),
        dtype=st.sampled_from(HALF))
 def test_reduced_precision_split_k_products_stay_within_the_rounded_reduced_bound(k, splits, seed, positive, dtype):
@@ -359,7 +360,7 @@ def test_protect_accumulator_checks_half_linears_on_their_fp32_accumulator():
     assert training.checks == 2 and not training.alarms
 
 
-@settings(max_examples=40, deadline=None)
+@examples(40)
 @given(workload=st.sampled_from(["dlrm", "bert", "llama"]), seed=st.integers(0, 2**31), change=st.floats(0, 0.05),
        nan=st.booleans())
 def test_the_one_flag_pvf_verdict_is_the_stated_definition(workload, seed, change, nan):
@@ -384,7 +385,7 @@ def test_the_one_flag_pvf_verdict_is_the_stated_definition(workload, seed, chang
     assert output_changed(workload, golden, out, {"labels": labels}) == want
 
 
-@settings(max_examples=12, deadline=None)
+@examples(12)
 @given(m=st.integers(1, 30), k=st.integers(1, 2048), n=st.integers(1, 30), seed=st.integers(0, 2**31),
        positive=st.booleans())
 def test_checked_mm_on_an_emulated_gpu_with_tf32_allowed_has_no_false_alarm_and_catches_flips(m, k, n, seed, positive):
@@ -422,7 +423,7 @@ def test_a_half_output_in_the_subnormal_range_is_no_false_alarm_on_the_emulated_
     assert y.abs().max() < 2.0**-14 and guard.checks == 1 and not guard.alarms, guard.alarms
 
 
-@settings(max_examples=40, deadline=None)
+@examples(40)
 @given(p=st.integers(1, 3), k=st.integers(1, 64), scale=st.floats(-30, 30), seed=st.integers(0, 2**31))
 def test_the_three_part_bf16_split_of_the_checksum_weights_is_within_fp32_rounding(p, k, scale, seed):
     v = torch.randn(p, k, generator=torch.Generator().manual_seed(seed)) * 2.0**scale

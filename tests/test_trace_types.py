@@ -6,7 +6,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from hypothesis import given, settings
+from hyp import examples
+from hypothesis import given
 from hypothesis import strategies as st
 
 from mystique.trace import Arg, TensorRef, parse_trace_document
@@ -147,19 +148,19 @@ def _roundtrip(inputs: list[Arg], outputs: list[Arg], schema: str) -> tuple[list
     return parsed.inputs, parsed.outputs
 
 
-@settings(max_examples=150, deadline=None)
+@examples(150)
 @given(st.lists(args(with_strides=True, with_range=True), max_size=5), st.lists(args(True), max_size=3))
 def test_args_round_trip_with_strides_and_ranges(inputs, outputs):
     assert _roundtrip(inputs, outputs, "1.1.1-chakra.0.0.4") == (inputs, outputs)
 
 
-@settings(max_examples=100, deadline=None)
+@examples(100)
 @given(st.lists(args(with_strides=False), max_size=5))
 def test_args_round_trip_without_strides(inputs):
     assert _roundtrip(inputs, [], "1.0.2-chakra.0.0.4") == (inputs, [])
 
 
-@settings(max_examples=100, deadline=None)
+@examples(100)
 @given(tensor_refs(with_strides=False))
 def test_flat_101_tensor_tuple_round_trip(t):
     value, shape, _ = encode_arg(Arg("Tensor", t, tensor_type(t.dtype), list(t.shape)))

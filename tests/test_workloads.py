@@ -7,7 +7,8 @@ import math
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hyp import examples
+from hypothesis import given
 from hypothesis import strategies as st
 from mystique.workloads import MODES, Step, WorkloadTooLarge, base, bert, dlrm, get, llama, make_step, names
 
@@ -218,7 +219,7 @@ def test_dlrm_popular_decile_gets_a_large_share() -> None:
     assert int(top10.max() - top10.min()) > 300, "popular rows are scattered over the table, not packed at the front"
 
 
-@settings(max_examples=40, deadline=None)
+@examples(40)
 @given(n_rows=st.integers(1, 10_000_000), count=st.integers(1, 300), alpha=st.floats(0.5, 2.0),
        seed=st.integers(0, 2**31))
 def test_zipf_rows_always_within_the_table(n_rows: int, count: int, alpha: float, seed: int) -> None:
@@ -227,7 +228,7 @@ def test_zipf_rows_always_within_the_table(n_rows: int, count: int, alpha: float
     assert int(rows.min()) >= 0 and int(rows.max()) < n_rows
 
 
-@settings(max_examples=40, deadline=None)
+@examples(40)
 @given(batch=st.integers(1, 200), pooling=st.integers(1, 9), seed=st.integers(0, 2**31))
 def test_bag_offsets_partition_the_ids(batch: int, pooling: int, seed: int) -> None:
     count = batch * pooling
