@@ -57,8 +57,14 @@ class EmbeddingChecks:
         if weight.dim() != 2 or not weight.is_floating_point():
             raise UsageError(f"embedding checksums need a 2-D floating-point table, got {tuple(weight.shape)} "
                              f"{weight.dtype}")
-        w64 = weight.detach().double()
-        return cls.from_rows(w64.sum(1), w64.abs().sum(1))
+        return cls.from_rows(*row_sums64(weight))
+
+
+def row_sums64(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(W 1, |W| 1)`` of a floating-point (R x D) table in fp64, as :class:`EmbeddingChecks` stores them
+    (there rounded to fp32)."""
+    w64 = weight.detach().double()
+    return w64.sum(1), w64.abs().sum(1)
 
 
 def bag_lengths(indices: torch.Tensor, offsets: torch.Tensor, n_bags: int) -> torch.Tensor:
@@ -287,13 +293,57 @@ def bag_exact(bag: Bags, out2: torch.Tensor, exact_ratio: bool,
         psw_abs = psw.abs() if psw is not None else None
         ab = host(_pooled(bag.checks.absum, idx, off, mode, nb, psw_abs)[0])
         lens = np.ones(nb) if mode == "none" else host(bag_lengths(idx, off, nb))
-        thr = (k * (lens * (1.0 if ref64 else 2.0) + (d + bag.extra)) + bag.u_out) * ab + tiny
+        thr = _threshold(k, tiny, lens, ref64, d + bag.extra, bag.u_out, ab)
         valid = np.isfinite(ref) & np.isfinite(thr)
         bad = ~(diff_h <= thr) & valid
         ratio = np.where(valid, diff_h / thr, 0.0)
     rows = np.flatnonzero(bad)[:16].tolist()
     return CheckReport(bag.op, bag.dtype, bool(rows), float(np.nan_to_num(ratio, nan=math.inf).max()),
                        bool(valid.all()), rows, [], None, bag.shape)
+
+
+def _threshold(k: float, tiny: float, lens: np.ndarray, ref64: bool, d_extra: float, u_out: float,
+               ab: np.ndarray) -> np.ndarray:
+    """The exact threshold of :func:`verify_bag_output`, ``lam u (L_b (1 + r) + D + extra) a_b + u_out a_b``
+    (``k`` = lam u, ``r`` = 0 where the reference was summed in fp64) plus the underflow term ``tiny``."""
+    return (k * (lens * (1.0 if ref64 else 2.0) + d_extra) + u_out) * ab + tiny
+
+
+def sure_alarms(before: tuple[torch.Tensor, torch.Tensor], after: tuple[torch.Tensor, torch.Tensor],
+                indices: torch.Tensor, offsets: torch.Tensor | None, mode: str, d: int, extra: float,
+                lam: float | None = None) -> np.ndarray:
+    """Which bags (a bool per bag) a change of the table is sure to raise the alarm in, on every path of
+    :func:`verify_bag_output` (and of the fused lookup, which decides as it does), for checksums of the
+    table ``before``: ``before``/``after`` are the per-row ``(sum_d w_d, sum_d |w_d|)`` in fp64 of the
+    table before and after the change (:func:`row_sums64`; 8-bit rows: ``QuantizedTable.row_sums64``).
+
+    Derivation: the exact verdict alarms where ``|got_b - ref_b| > thr(a_b)`` (``thr`` the exact threshold
+    with ``r`` = 1, the larger; ``a_b`` the bag pooled over the magnitudes before). The rounding errors it
+    bounds are the lookup's and the output sum's (each within its terms of ``thr`` over the magnitudes the
+    lookup read, ``a'_b``) and the reference's (within its terms over ``a_b``), so with ``S_b``, ``S'_b``
+    the exact checksums of the bag before and after, ``|got_b - ref_b| >= |S'_b - S_b| - thr(max(a_b,
+    a'_b))``. The lower bound that may clear a bag first, ``c_lb ||out_b|| + tiny``, is at most
+    ``lam u (D + extra) (1 + (L_b + 1) u) a'_b + tiny <= thr(a'_b)`` (the output's norm, over the changed
+    magnitudes). So a bag with ``|S'_b - S_b| > 2 thr(max(a_b, a'_b))`` alarms on every path, and so does
+    one whose change is not finite (its output is not). A change of at most ``thr(a_b)`` is one that the
+    rounding of a clean lookup may make to that checksum: the check cannot tell it from rounding (between
+    the two bounds it may alarm or not). The pooling here is in fp64 (its rounding, 2^-53 relative, is far
+    below ``u``).
+    """
+    idx, off = bags_args(indices, offsets)
+    idx, off = idx.long(), off.long()
+    nb = off.shape[0]
+
+    def pooled(col: torch.Tensor) -> np.ndarray:
+        return F.embedding_bag(idx, col.double().reshape(-1, 1), off, mode=mode)[:, 0].numpy()
+
+    k, tiny, _ = bag_constants(1, d, extra, 0.0, lam)
+    lens = bag_lengths(idx, off, nb).double().numpy()
+    a, a2 = pooled(before[1]), pooled(after[1])
+    with np.errstate(invalid="ignore", over="ignore"):
+        change = pooled(after[0]) - pooled(before[0])
+        bound = 2.0 * _threshold(k, tiny, lens, False, d + extra, 0.0, np.maximum(a, a2))
+        return ~np.isfinite(change) | (np.abs(change) > bound)
 
 
 def device_bag_check(bag: Bags, out2: torch.Tensor) -> DeviceCheck:

@@ -37,11 +37,17 @@ class QuantizedTable:
 
     @staticmethod
     def compute_checks(packed: torch.Tensor) -> EmbeddingChecks:
+        return EmbeddingChecks.from_rows(*QuantizedTable.row_sums64(packed))
+
+    @staticmethod
+    def row_sums64(packed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per row of packed 8-bit rows, ``(sum_d (s q_d + b), sum_d (|s q_d| + |b|))`` in fp64 (the
+        checksums, before their rounding to fp32)."""
         d = packed.shape[1] - 8
         q = packed[:, :d].to(torch.float64)
         sb = packed[:, d:].clone(memory_format=torch.contiguous_format).view(torch.float32).to(torch.float64)
         scale, bias = sb[:, 0:1], sb[:, 1:2]
-        return EmbeddingChecks.from_rows((q * scale + bias).sum(1), (q * scale.abs() + bias.abs()).sum(1))
+        return (q * scale + bias).sum(1), (q * scale.abs() + bias.abs()).sum(1)
 
     def fused(self) -> FusedTable | None:
         """The packed table as the fused compiled lookup reads it (cached while ``packed`` is this tensor)."""
