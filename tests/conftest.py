@@ -25,6 +25,30 @@ def cli_run():
     return _run
 
 
+class FakeClock:
+    """A clock that moves only when told: timing logic tested on known series, not on the host's speed."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+@pytest.fixture
+def fake_clock(monkeypatch):
+    """The performance validator's timed calls on a :class:`FakeClock` with no run-queue waits: a
+    timed function advances the clock by the seconds it "takes"."""
+    from mystique.validators.performance import timed
+
+    clock = FakeClock()
+    monkeypatch.setattr(timed, "clock", clock)
+    return clock
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Tests marked ``cuda`` run on a machine with a CUDA device and skip, saying why, elsewhere."""
     marked = [item for item in items if item.get_closest_marker("cuda") is not None]

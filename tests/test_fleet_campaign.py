@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import re
 import statistics
-import time
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from mystique.validators.performance import at_once
+from mystique.validators.performance import at_once, timed
 from mystique.validators.performance.timed import MIN_UNDISTURBED, Calls
 
 from mystique import results
@@ -29,13 +28,14 @@ def test_every_member_gets_its_share_in_at_least_min_rounds_of_short_bursts(dura
 
 
 class _Drifting:
-    """A step whose time grows with the wall clock: a host slowing down for everyone alike."""
+    """A step whose time grows with the (fake) clock: a host slowing down for everyone alike, by half
+    over ``window`` seconds."""
 
-    def __init__(self, t0: float, window: float):
-        self.t0, self.window = t0, window
+    def __init__(self, clock, window: float):
+        self.clock, self.t0, self.window = clock, clock(), window
 
     def run_iteration(self):
-        time.sleep(0.002 * (1.0 + 0.5 * min((time.perf_counter() - self.t0) / self.window, 1.0)))
+        self.clock.advance(0.002 * (1.0 + 0.5 * min((self.clock() - self.t0) / self.window, 1.0)))
 
 
 def _members(n: int, step) -> list[at_once.Member]:
@@ -44,11 +44,12 @@ def _members(n: int, step) -> list[at_once.Member]:
             for i in range(n)]
 
 
-def test_members_measured_at_once_share_the_hosts_drift():
-    """A host that slows by half over the window moves every member's median alike (one run after
-    another, the last member would be about a third slower than the first)."""
+def test_members_measured_at_once_share_the_hosts_drift(fake_clock, monkeypatch):
+    """A host that slows by half over the window moves every member's median alike; measured one
+    after another, the last member is about a third slower than the first."""
+    monkeypatch.setattr(timed, "RunDelay", _NoWaits)
     duration, n = 0.6, 3
-    step = _Drifting(time.perf_counter(), duration * n * 1.1)
+    step = _Drifting(fake_clock, duration * n * 1.1)
     members = _members(n, step)
     how = at_once.measure_at_once(members, duration, Progress("test", total=None), seed=1)
     medians = [statistics.median(m.calls["w"].seconds) for m in members]
@@ -57,10 +58,24 @@ def test_members_measured_at_once_share_the_hosts_drift():
         starts = m.calls["w"].starts
         assert min(starts) < 0.2 * how["wall_s"] and max(starts) > 0.8 * how["wall_s"]
     assert how["rounds"] == at_once.MIN_ROUNDS and how["members"] == n
+    # the same host, members one after another: the drift becomes fleet spread
+    step = _Drifting(fake_clock, duration * n * 1.1)
+    one_by_one = [timed.timed_calls(step.run_iteration, make_target("cpu"), seconds=duration, min_undisturbed=0)
+                  for _ in range(n)]
+    medians = [statistics.median(c.seconds) for c in one_by_one]
+    assert medians[-1] / medians[0] > 1.25, medians
 
 
-def test_a_member_too_disturbed_gets_bursts_of_its_own_up_to_the_cap(monkeypatch):
-    members = _members(2, _Drifting(time.perf_counter(), 1.0))
+class _NoWaits:
+    source = "none (fake clock)"
+
+    def waited(self) -> float:
+        return 0.0
+
+
+def test_a_member_too_disturbed_gets_bursts_of_its_own_up_to_the_cap(monkeypatch, fake_clock):
+    monkeypatch.setattr(timed, "RunDelay", _NoWaits)
+    members = _members(2, _Drifting(fake_clock, 1.0))
     monkeypatch.setattr(at_once.Member, "short", lambda self: ["w"] if self.name == "healthy-01" else [])
     how = at_once.measure_at_once(members, 0.2, Progress("test", total=None))
     assert members[0].extra_bursts == 0 and members[1].extra_bursts == 2 * how["rounds"]
@@ -84,6 +99,7 @@ def _compared(out, side: str, n: int) -> list[int]:
                                     .query("check == 'host_contention'")["status"] == "pass").all()]
 
 
+@pytest.mark.slow  # a real campaign on this host's clock: a benchmark, not a unit test
 @pytest.mark.parametrize("schedule, runs, duration", [("at-once", 4, 2), ("sequential", 3, 1)])
 def test_a_small_campaign_flags_a_much_slower_device_and_writes_its_rows(schedule, runs, duration, tmp_path):
     out = tmp_path / "camp"

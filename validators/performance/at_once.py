@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import math
 import random
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -42,6 +41,7 @@ from mystique.results import Results, RunContext
 
 from ._ctx import PerformanceContext
 from .sustained import contention_row, distribution_rows
+from . import timed
 from .timed import CAP, MIN_UNDISTURBED, Calls, timed_calls
 
 #: seconds of one burst: short against the tens of seconds over which a host's speed wanders, long
@@ -102,7 +102,7 @@ def build_members(specs: Sequence[tuple[str, Any, int]], benches: Sequence[Any],
 
 
 def _burst(m: Member, subject: str, seconds: float, t0: float, keep: bool) -> None:
-    offset = time.perf_counter() - t0
+    offset = timed.clock() - t0
     c = timed_calls(m.executors[subject].run_iteration, m.target, seconds=seconds, min_undisturbed=0,
                     warmup=1, min_calls=1)
     if keep:
@@ -120,7 +120,7 @@ def measure_at_once(members: Sequence[Member], duration: float, progress: Any, s
     rounds, burst = schedule(duration, len(subjects))
     rng = random.Random(seed)
     slots = [(m, s) for m in members for s in subjects]
-    t0 = time.perf_counter()
+    t0 = timed.clock()
     progress.note(f"one untimed round of {len(slots)} bursts (discarded)")
     for m, s in slots:
         _burst(m, s, burst, t0, keep=False)
@@ -133,7 +133,7 @@ def measure_at_once(members: Sequence[Member], duration: float, progress: Any, s
             for s in m.short():
                 _burst(m, s, burst, t0, keep=True)
             m.extra_bursts += 1
-    return {"rounds": rounds, "burst_s": burst, "wall_s": time.perf_counter() - t0, "members": len(members)}
+    return {"rounds": rounds, "burst_s": burst, "wall_s": timed.clock() - t0, "members": len(members)}
 
 
 def member_frame(m: Member, how: dict[str, Any], host: str) -> pd.DataFrame:
