@@ -7,10 +7,11 @@ import math
 import numpy as np
 import pandas as pd
 
+from ..binomial import Z95 as _Z95
+from ..binomial import wilson
 from ..results import BAD_STATUSES, STATUSES, SUITES, counts
 
 KEY: tuple[str, ...] = ("suite", "check", "subject", "dtype", "metric")
-_Z95 = 1.959963984540054
 
 
 def wilson_interval(successes: float, trials: float, z: float = _Z95) -> tuple[float, float]:
@@ -21,12 +22,7 @@ def wilson_interval(successes: float, trials: float, z: float = _Z95) -> tuple[f
     """
     if trials <= 0 or not math.isfinite(trials):
         return (0.0, 1.0)
-    p = min(max(successes / trials, 0.0), 1.0)
-    z2 = z * z
-    denom = 1.0 + z2 / trials
-    centre = (p + z2 / (2 * trials)) / denom
-    half = z * math.sqrt(p * (1 - p) / trials + z2 / (4 * trials * trials)) / denom
-    return (max(0.0, min(p, centre - half)), min(1.0, max(p, centre + half)))
+    return wilson(min(max(successes, 0.0), trials), trials, z)
 
 
 def verdict_of(df: pd.DataFrame) -> str:

@@ -377,12 +377,14 @@ def _checked_bag(call: Any, site: str, lookup: Callable[[], torch.Tensor]
 
 
 def detection_trial_fn(combos: list[tuple[str, str, str, str]], seed: int, device: str,
-                       active: Callable[[], AbstractContextManager[Any]]) -> TrialFn:
-    """Trial ``i`` runs combo ``i % len(combos)`` with its own derived seed."""
+                       active: Callable[[], AbstractContextManager[Any]], schedule: list[int] | None = None,
+                       salt: tuple[Any, ...] = ("detection",)) -> TrialFn:
+    """Trial ``i`` runs combo ``i % len(combos)`` (or ``combos[schedule[i]]``) with its own seed, derived
+    from ``seed``, ``salt`` and ``i``."""
 
     def fn(i: int) -> dict[str, Any]:
-        op, site, cls, pat = combos[i % len(combos)]
-        s = hash_seed(seed, "detection", i)
+        op, site, cls, pat = combos[i % len(combos) if schedule is None else schedule[i]]
+        s = hash_seed(seed, *salt, i)
         if op.startswith("gemm"):
             return gemm_trial(op, site, cls, pat, s, device, active)
         return embedding_trial(op, site, cls, pat, s, device, active)

@@ -11,29 +11,69 @@ from mystique.results import Results
 
 from ...groups import GroupContext
 from ..campaign import Campaign
-from ..stats import wilson
+from ..stats import rate_verdict, trials_to_pass, wilson
 
 
 def rate_rows(res: Results, check: str, subject: str, dtype: str, metric: str, hits: int, n: int, *,
-              target: float | None, higher_is_better: bool, detail: str) -> None:
-    """Rows ``metric``, ``metric_ci_low``, ``metric_ci_high`` and ``trials`` for one rate.
+              target: float | None, higher_is_better: bool, detail: str, screen: bool = False,
+              bad: str = "misses") -> None:
+    """Rows ``metric`` (its Wilson 95% interval in ``low`` and ``high``), ``metric_ci_low``,
+    ``metric_ci_high`` and ``trials`` for one rate of ``hits`` in ``n`` trials.
 
-    The rate is a check (pass/fail against ``target``) where it has a target, else a measurement
-    (``info``); its interval bounds and the trial count are always measurements."""
+    A rate without a target is a measurement (``info``). One with a target is judged from its
+    interval (:func:`mystique.binomial.rate_verdict`): ``pass``, ``fail``, or ``inconclusive`` with
+    the trials that would decide it in the detail. ``screen`` (a campaign sized to catch faults, not
+    to show a rate: the quick level) makes an undecided rate a measurement instead, and adds the
+    check such a campaign can decide: ``bad``, the count of bad outcomes (misses where higher is
+    better, alarms where lower is), threshold 0, failing on any. Interval bounds and trial counts
+    are always measurements."""
     lo, hi = wilson(hits, n)
     rate = hits / n if n else math.nan
+    status, threshold, why = "info", None, ""
     if n == 0:
         status = "skip"
-    elif target is None:
-        status = "info"
-    else:
-        status = "pass" if (rate >= target if higher_is_better else rate <= target) else "fail"
-    res.add(check, subject, metric, rate, status=status, threshold=target, dtype=dtype, detail=detail)
+    elif target is not None:
+        status, threshold = rate_verdict(hits, n, target, higher_is_better), target
+        why = _verdict_detail(status, hits, n, target, higher_is_better, lo, hi, screen, bad)
+        if status == "inconclusive" and screen:
+            status, threshold = "info", None
+    res.add(check, subject, metric, rate, status=status, threshold=threshold, dtype=dtype, low=lo, high=hi,
+            detail="; ".join(x for x in (why, detail) if x))
     res.add(check, subject, f"{metric}_ci_low", lo, status="info" if n else "skip", dtype=dtype,
             detail="Wilson 95% interval")
     res.add(check, subject, f"{metric}_ci_high", hi, status="info" if n else "skip", dtype=dtype,
             detail="Wilson 95% interval")
     res.add(check, subject, "trials", n, status="info", dtype=dtype)
+    if screen and n and target is not None:
+        k = n - hits if higher_is_better else hits
+        res.add(check, subject, bad, k, threshold=0, status="fail" if k else "pass", dtype=dtype,
+                detail=f"{k} {bad} in this seeded set of {n} trials; any fails; {metric} "
+                       + _needed(hits, n, target, higher_is_better))
+
+
+def _needed(hits: int, n: int, target: float, higher_is_better: bool) -> str:
+    """What showing the rate's target at 95% would take, for a detail."""
+    side = ">=" if higher_is_better else "<="
+    need = trials_to_pass(hits, n, target, higher_is_better)
+    if need is None:
+        return f"{side} {target:g} cannot be shown by any finite number of trials"
+    return f"{side} {target:g} is shown at 95% by {need} trials in all with no further bad outcome"
+
+
+def _verdict_detail(status: str, hits: int, n: int, target: float, higher_is_better: bool, lo: float, hi: float,
+                    screen: bool, bad: str) -> str:
+    """Why a judged rate got ``status``, read from its interval (the row's ``low`` and ``high``)."""
+    side = ">=" if higher_is_better else "<="
+    where = f"95% interval [{lo:.6g}, {hi:.6g}] over {n} trials"
+    if status == "pass":
+        return f"{where}: its {'lower' if higher_is_better else 'upper'} bound is {side} {target:g}"
+    if status == "fail":
+        return f"{where}: its {'upper' if higher_is_better else 'lower'} bound is {'<' if higher_is_better else '>'} "\
+               f"{target:g}"
+    need = _needed(hits, n, target, higher_is_better)
+    if screen:
+        return f"a measurement: {where} straddles {target:g} ({need}); the check is '{bad}'"
+    return f"inconclusive: {where} straddles {target:g} ({need})"
 
 
 def workload(name: str, config: str = "debug") -> tuple[Any, Any] | None:

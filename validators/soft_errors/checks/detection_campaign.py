@@ -1,6 +1,19 @@
 """Check group ``detection_campaign``: flips injected per checked op, site, bit class and pattern; the
 detection rate of significant flips (Wilson interval, trials) per combination, op, bit class and in
-all, benign flips counted apart. Contrast ops (bf16 checked after rounding) are measured, not judged."""
+all, benign flips counted apart. Contrast ops (bf16 checked after rounding) are measured, not judged.
+
+A rate is judged from its 95% Wilson interval against :data:`DETECTION_TARGET`, never from its
+point estimate. With no miss that takes 3838 significant flips per row
+(:func:`mystique.binomial.trials_to_pass`), more than a quick run affords, so the two levels differ:
+
+* ``full`` decides every rate: after the campaign, top-up rounds (:func:`topup_plan`) add trials to
+  each (op, site, bit class) still undecided, as many as would decide it if none were missed, scaled
+  by its share of significant flips so far; a row still undecided after :data:`TOPUP_ROUNDS` rounds or
+  :data:`TOPUP_LIMIT` trials is ``inconclusive`` with the trials it needs.
+* ``quick`` is a screen: a rate its trials cannot decide is a measurement (``info``, with its
+  interval), and the check it can decide is ``misses``: every significant flip of its fixed seeded
+  set caught (any miss fails).
+"""
 
 from __future__ import annotations
 
@@ -15,19 +28,30 @@ from ..abft import half_kind
 from ..campaign import CONTRAST_OPS, EMB_OPS, GEMM_OPS, detection_combos, detection_trial_fn
 from ..half import HALF
 from ..half import describe as describe_half
+from ..stats import rate_verdict, trials_to_pass
 from .common import rate_rows, run_campaign
 
 DETECTION_TARGET = 0.999
 SIGNIFICANT = "significant = moves an output by more than 2^-7 x rms(output) (int8: any change)"
+TOPUP_ROUNDS = 4  # rounds of top-up trials at the full level
+TOPUP_LIMIT = 2_000_000  # top-up trials at most, all rounds together
+_MARGIN = 1.15  # top-up trials per needed significant flip, over 1 / the share of significant flips
+_SHARE_FLOOR = 0.02  # a row that has shown (almost) no significant flip yet is planned at this share
+
+Row = tuple[str, str, str]  # (op, site, bit class)
 
 
 def run_detection_campaign(ctx: GroupContext) -> None:
     res, target, seed = ctx.res, ctx.target, ctx.seed
     ops = tuple(ctx.options.get("ops") or (*GEMM_OPS, *EMB_OPS, *CONTRAST_OPS))
     n = int(ctx.options["trials"])
-    fn = detection_trial_fn(detection_combos(ops), seed, target.device, target.active)
+    combos = detection_combos(ops)
+    fn = detection_trial_fn(combos, seed, target.device, target.active)
     outcomes, resumed = run_campaign(ctx, "detection", n, fn, max(500, n // 10), n=n, ops=list(ops))
-    keyed: dict[tuple[str, str, str], list[dict[str, Any]]] = defaultdict(list)
+    added = _top_up(ctx, combos, outcomes, ops) if ctx.full else []
+    outcomes = outcomes + added
+    screen = not ctx.full
+    keyed: dict[Row, list[dict[str, Any]]] = defaultdict(list)
     per_op: dict[str, list[dict[str, Any]]] = defaultdict(list)
     per_class: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for o in outcomes:
@@ -35,11 +59,11 @@ def run_detection_campaign(ctx: GroupContext) -> None:
         per_op[o["op"]].append(o)
         per_class[o["bit_class"]].append(o)
     for (op, site, cls), outs in sorted(keyed.items()):
-        _combination_rows(ctx, f"{op}/{site}/{cls}", op, outs)
+        _combination_rows(ctx, f"{op}/{site}/{cls}", op, outs, screen)
     for op, outs in sorted(per_op.items()):
         sig = [o for o in outs if o["significant"]]
         rate_rows(res, "detection_campaign", op, "", "detection_rate", sum(o["detected"] for o in sig), len(sig),
-                  target=None if op in CONTRAST_OPS else DETECTION_TARGET, higher_is_better=True,
+                  target=None if op in CONTRAST_OPS else DETECTION_TARGET, higher_is_better=True, screen=screen,
                   detail=f"all sites and bit classes; {SIGNIFICANT}" + (
                       "; contrast: bf16 checked after rounding (not the product's method)"
                       if op in CONTRAST_OPS else "") + _accumulator(op, target))
@@ -48,16 +72,81 @@ def run_detection_campaign(ctx: GroupContext) -> None:
         sig = [o for o in outs if o["significant"] and o["op"] not in CONTRAST_OPS]
         rate_rows(res, "detection_campaign", f"bit_class/{cls}", "", "detection_rate",
                   sum(o["detected"] for o in sig), len(sig), target=DETECTION_TARGET, higher_is_better=True,
-                  detail=f"all checked ops; {SIGNIFICANT}")
+                  screen=screen, detail=f"all checked ops; {SIGNIFICANT}")
     sig = [o for o in real if o["significant"]]
     rate_rows(res, "detection_campaign", "all", "", "detection_rate", sum(o["detected"] for o in sig), len(sig),
-              target=DETECTION_TARGET, higher_is_better=True,
-              detail=f"{len(real)} injected flips, {len(sig)} significant; {SIGNIFICANT}; {resumed} trials resumed")
+              target=DETECTION_TARGET, higher_is_better=True, screen=screen,
+              detail=f"{len(real)} injected flips ({len(added)} of them top-up trials), {len(sig)} significant; "
+                     f"{SIGNIFICANT}; {resumed} trials resumed; " + (
+                         "full level: every rate decided from its 95% interval" if ctx.full else
+                         "quick level: a screen (any miss fails), the rates are decided at the full level"))
     res.add("detection_campaign", "all", "significant_fraction", len(sig) / len(real) if real else math.nan,
             status="info", detail="share of injected flips that are significant")
 
 
-def _combination_rows(ctx: GroupContext, subject: str, op: str, outs: list[dict[str, Any]]) -> None:
+def topup_plan(combos: list[tuple[str, str, str, str]], outcomes: list[dict[str, Any]], target: float,
+               budget: int) -> dict[int, int]:
+    """Top-up trials per combo index (into ``combos``) that would decide every judged (op, site, bit
+    class) row still undecided by ``outcomes``, if none of its further significant flips were missed.
+
+    A row short of ``need`` significant flips (:func:`trials_to_pass`) gets ``(need - now) x 1.15 /
+    share`` trials, ``share`` its share of significant flips so far (Laplace's estimate, at least 2%),
+    spread evenly over its patterns; the plan stops adding rows at ``budget`` trials. Contrast ops
+    (no target) and decided rows get none."""
+    rows: dict[Row, list[dict[str, Any]]] = defaultdict(list)
+    for o in outcomes:
+        if o["op"] not in CONTRAST_OPS:
+            rows[(o["op"], o["site"], o["bit_class"])].append(o)
+    plan: dict[int, int] = {}
+    spent = 0
+    for row, outs in sorted(rows.items()):
+        sig = [o for o in outs if o["significant"]]
+        hits = sum(o["detected"] for o in sig)
+        if sig and rate_verdict(hits, len(sig), target, True) != "inconclusive":
+            continue
+        need = trials_to_pass(hits, len(sig), target, True)
+        if need is None:
+            continue
+        share = max(_SHARE_FLOOR, (len(sig) + 1) / (len(outs) + 2))
+        extra = math.ceil((need - len(sig)) * _MARGIN / share)
+        idx = [i for i, c in enumerate(combos) if c[:3] == row]
+        each = math.ceil(extra / len(idx))
+        if spent + each * len(idx) > budget:
+            break
+        for i in idx:
+            plan[i] = each
+        spent += each * len(idx)
+    return plan
+
+
+def _top_up(ctx: GroupContext, combos: list[tuple[str, str, str, str]], outcomes: list[dict[str, Any]],
+            ops: tuple[str, ...]) -> list[dict[str, Any]]:
+    """The top-up rounds of the full level (module docstring): their outcomes, checkpointed per round."""
+    added: list[dict[str, Any]] = []
+    for rnd in range(1, TOPUP_ROUNDS + 1):
+        plan = topup_plan(combos, outcomes + added, DETECTION_TARGET, TOPUP_LIMIT - len(added))
+        if not plan:
+            break
+        schedule = _interleave(plan)
+        fn = detection_trial_fn(combos, ctx.seed, ctx.target.device, ctx.target.active, schedule=schedule,
+                                salt=("detection-topup", rnd))
+        outs, _ = run_campaign(ctx, f"detection_topup{rnd}", len(schedule), fn, max(500, len(schedule) // 10),
+                               ops=list(ops), plan=sorted(plan.items()))
+        added.extend(outs)
+    return added
+
+
+def _interleave(plan: dict[int, int]) -> list[int]:
+    """Combo indices, each ``plan[i]`` times, in rounds over the combos (progress spreads evenly)."""
+    left = dict(sorted(plan.items()))
+    out: list[int] = []
+    while left:
+        out.extend(left)
+        left = {i: k - 1 for i, k in left.items() if k > 1}
+    return out
+
+
+def _combination_rows(ctx: GroupContext, subject: str, op: str, outs: list[dict[str, Any]], screen: bool) -> None:
     """The detection rate of one op, site and bit class, with its first miss."""
     sig = [o for o in outs if o["significant"]]
     missed = [o for o in sig if not o["detected"]]
@@ -68,7 +157,8 @@ def _combination_rows(ctx: GroupContext, subject: str, op: str, outs: list[dict[
         m = missed[0]
         detail += f"; first miss: seed={m['seed']} shape={m['shape']} bits={m['bits']} delta={m['delta']:.3g}"
     rate_rows(ctx.res, "detection_campaign", subject, "", "detection_rate", sum(o["detected"] for o in sig),
-              len(sig), target=None if op in CONTRAST_OPS else DETECTION_TARGET, higher_is_better=True, detail=detail)
+              len(sig), target=None if op in CONTRAST_OPS else DETECTION_TARGET, higher_is_better=True, detail=detail,
+              screen=screen)
 
 
 def _accumulator(op: str, target: Any) -> str:
