@@ -223,10 +223,11 @@ def test_cli_overhead_options_choose_the_sizes_and_tables_that_are_timed(tmp_pat
     rc = main(["-q", "validate", "soft-errors", "-o", str(out), "--group", "overhead", "--overhead-sizes", "32,48",
                "--overhead-tables", "300x8,200x16x4x5", "--overhead-reps", "3"])
     df = read_csv(out / "results.csv")
-    # tables this small spend most of their time in the check: their overhead (>100%) fails the 10% target
-    assert rc == 1 and set(df.check) == {"overhead"}
-    assert set(df[df.status == "fail"].metric) == {"abft_overhead"}
-    assert df[df.status == "fail"].subject.str.startswith(("embedding_bag_", "protect_embedding_bag_")).all()
+    # which sizes and tables were timed, how often, and that each ratio got a verdict; the verdicts
+    # themselves depend on this host's speed (3 reps): the overhead logic is tested on synthetic series
+    assert rc in (0, 1) and set(df.check) == {"overhead"}
+    judged = df[df.metric == "abft_overhead"]
+    assert len(judged) and set(judged.status) <= {"pass", "fail", "inconclusive"}
     subjects = set(df.subject)
     assert {"gemm_32", "gemm_48", "embedding_bag_300x8_b2048_l40", "embedding_bag_200x16_b4_l5"} <= subjects
     assert not any(s.endswith("_1024") for s in subjects)
