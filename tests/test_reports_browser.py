@@ -80,7 +80,7 @@ class DevTools:
                 return reply.get("result", {})
             self.events.append(reply)
 
-    def wait_for(self, method: str, timeout: float = 30.0) -> dict:
+    def wait_for(self, method: str, timeout: float = 120.0) -> dict:
         deadline = time.monotonic() + timeout
         seen = 0
         while time.monotonic() < deadline:
@@ -117,7 +117,7 @@ def _start_chromium(profile: Path) -> tuple[subprocess.Popen, str]:
         stderr=subprocess.PIPE,
         text=True,
     )
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 120  # a liveness bound (a busy host starts Chromium slowly), not a speed check
     lines = []
     while time.monotonic() < deadline:
         line = proc.stderr.readline()
