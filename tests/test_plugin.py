@@ -43,12 +43,30 @@ def run(target, *, level, seed, groups, out_dir):
     return r.frame()
 '''
 NO_CONTRACT = "GROUPS = ['a']\n"
+# Groups without a failure: measure (only measurements), idle (a measurement and a skip), mixed (a
+# measurement and a passed check).
+MEASURES = '''
+from mystique.results import Results, RunContext
+
+def groups(level):
+    return ["measure", "idle", "mixed"]
+
+def run(target, *, level, seed, groups, out_dir):
+    r = Results(RunContext.for_target(target), "performance")
+    for g in groups:
+        r.add(f"{g}_time", "mm", "ms", 1.5, status="info", unit="ms")
+        if g == "idle":
+            r.add("idle_check", "mm", "x", None, status="skip", detail="no device to compare with")
+        if g == "mixed":
+            r.add("mixed_check", "mm", "x", 0.1, threshold=1, status="pass")
+    return r.frame()
+'''
 
 
 @pytest.fixture
 def qual(pytester: pytest.Pytester) -> pytest.Pytester:
     pytester.makepyfile(**{"fakepkg/__init__.py": "", "fakepkg/numerics.py": FAKE_VALIDATOR,
-                           "fakepkg/nocontract.py": NO_CONTRACT})
+                           "fakepkg/nocontract.py": NO_CONTRACT, "fakepkg/measures.py": MEASURES})
     pytester.syspathinsert()
     pytester.makepyfile(test_user="def test_user():\n    pass\n")
     return pytester
@@ -186,3 +204,16 @@ def test_bad_inject_is_a_usage_error(qual):
 def test_injected_fault_reaches_the_validator(qual):
     result = qual.runpytest(*enable("--mystique-inject", "wrong_gelu", "-k", "beta"))
     result.stdout.fnmatch_lines(["*mystique: device cpu+wrong_gelu*", "*(device cpu+wrong_gelu)*"])
+
+
+def test_a_group_with_no_check_row_is_skipped_not_passed(qual):
+    """A group whose rows are all measurements (or measurements and skips) checked nothing: JUnit
+    must not show it as passed."""
+    result = qual.runpytest(*enable("-rs", "--junitxml", str(qual.path / "j.xml"), validators="fakepkg.measures"))
+    result.assert_outcomes(passed=2, skipped=2)  # the user's test and mixed
+    cases = {c.get("name"): c for c in ET.parse(qual.path / "j.xml").getroot().iter("testcase")}
+    assert cases["measure"].find("skipped") is not None and cases["idle"].find("skipped") is not None
+    assert cases["mixed"].find("skipped") is None and cases["mixed"].find("failure") is None
+    assert cases["measure"].find("skipped").get("message").startswith("only measurements")
+    assert "nothing checked" in cases["idle"].find("skipped").get("message")
+    result.stdout.fnmatch_lines(["SKIPPED*only measurements*", "SKIPPED*nothing checked*no device to compare with*"])

@@ -12,11 +12,13 @@ the session gets one extra collector, ``mystique``, next to whatever the command
 
 Each validator module ``mystique.validators.<name>`` exposes ``groups(level) -> list[str]`` and
 ``run(target, *, level, seed, groups, out_dir) -> DataFrame`` (the results schema). An item runs
-one group; it fails when any row of its group has status ``fail`` or ``error``, and its failure
-message lists those rows (check, subject, value vs threshold, detail). A validator that is not
-installed or lacks the contract yields one skipped item. Items carry the validator's name as a
-marker (``-m numerics``) and ``slow`` when their group runs only at level ``full``; ``-k`` matches
-validator and group names. JUnit XML (``--junitxml``) works as for any test.
+one group; it fails when any row of its group has status ``fail``, ``error`` or ``inconclusive``,
+and its failure message lists those rows (check, subject, value vs threshold, detail); a group with
+no check row (only skips and ``info`` measurements) is skipped, never passed ("only measurements",
+"nothing checked"). A validator that is not installed or lacks the contract yields one skipped item.
+Items carry the validator's name as a marker (``-m numerics``) and ``slow`` when their group runs
+only at level ``full``; ``-k`` matches validator and group names. JUnit XML (``--junitxml``) works
+as for any test.
 
 The collector is added by a wrapper around ``pytest_make_collect_report`` for the session rather
 than by adding a file to the command line: a shipped test module would be imported by path, which
@@ -386,6 +388,17 @@ def format_failure(validator: str, group: str, df: Any, seed: int, target_label:
     return "\n".join(lines)
 
 
+def nothing_checked_reason(df: Any) -> str:
+    """Why a group with no check row (every row ``skip`` or ``info``) is reported skipped: ``only
+    measurements`` when it has no skip, else ``nothing checked`` with the skip reasons."""
+    skips = df[df["status"] == "skip"]
+    measured = int((df["status"] == "info").sum())
+    if not len(skips):
+        return f"only measurements: {measured} info rows, no check with a verdict"
+    reasons = sorted({d for d in skips["detail"] if d}) or ["every check skipped"]
+    return "nothing checked" + (f" ({measured} measurements)" if measured else "") + ": " + "; ".join(reasons)
+
+
 class CheckGroupItem(_Item):
     """One group of one validator, run on the session's target."""
 
@@ -446,9 +459,8 @@ class CheckGroupItem(_Item):
             raise QualificationFailure(f"{self.validator}::{self.group} produced no results on {state.target.label}")
         if n_bad:
             raise QualificationFailure(format_failure(self.validator, self.group, df, state.seed, state.target.label))
-        if (df["status"] == "skip").all():
-            reasons = sorted({d for d in df["detail"] if d}) or ["every check skipped"]
-            pytest.skip("; ".join(reasons)[:500])
+        if not results.counts(df).checks:  # only skips and measurements: nothing passed, so not a pass
+            pytest.skip(nothing_checked_reason(df)[:500])
 
     def _record_error(self, state: QualState, exc: BaseException) -> None:
         """Keep a crash of the validator in results.csv as an ``error`` row (when its suite is known)."""
