@@ -19,15 +19,15 @@ NOTHING CHECKED (every row skipped or a measurement) or PASS.
 
 from .html import render_html, render_report
 from .inputs import ReplayArtifacts, ReportInputs, load_inputs, read_ops, read_summary
-from .sections.selftest import parse_caught_by
+from .sections.selftest import failed_checks
 from .tables import compare_runs, runs, status_counts, verdict_of, wilson_interval
 
 __all__ = [
     "ReplayArtifacts",
     "ReportInputs",
     "compare_runs",
+    "failed_checks",
     "load_inputs",
-    "parse_caught_by",
     "read_ops",
     "read_summary",
     "render_html",

@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 import statistics
 
+import pandas as pd
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -124,9 +125,9 @@ def test_a_small_campaign_flags_a_much_slower_device_and_writes_its_rows(schedul
     slowdowns = df[(df["check"] == "campaign_slowdown") & (df["metric"] == "median_ms")]
     assert sorted(slowdowns["subject"].str.split(":").str[0]) == sorted(rows["subject"])
     assert (slowdowns["threshold"] >= 1.05).all()  # never tighter than the margin
-    for i in compared:  # the slowdown row says what flagged the run
+    for i in compared:  # the slowdown row holds what flagged the run: its interval above the limit
         row = slowdowns[slowdowns["subject"].str.startswith(f"faulty-{i:02d}:")].iloc[0]
-        assert row["value"] > row["threshold"] and "verdict: fail" in row["detail"]
+        assert row["low"] > row["threshold"] and "verdict: fail" in row["detail"]
     html = (out / "report.html").read_text()
     assert "campaign_flagged" in html and "of every run against its fleet" in html
     assert re.search(r'id="c\d+-limit"', html) and "dashed: the median limit" in html  # the line bars are judged by
@@ -153,3 +154,31 @@ def test_campaign_flags_a_throttled_device_and_spares_healthy_ones(tmp_path):
     df = results.read_csv(tmp_path / "c" / "results.csv")
     rows = df[df["check"] == "campaign_flagged"]
     assert code == 0 and (rows["status"] == "pass").all(), rows[["subject", "value", "detail"]].to_string()
+
+
+def _step_frame(median: float, width: float) -> pd.DataFrame:
+    res = results.Results(results.RunContext(device="cpu"), "performance")
+    res.add("step_time", "w", "median_ms", median, low=median * (1 - width), high=median * (1 + width), unit="ms",
+            status="info", dtype="float32", detail="a sentence no verdict reads")
+    return res.frame()
+
+
+def test_the_fleet_campaigns_chart_verdicts_come_from_columns():
+    """Each campaign_slowdown row's verdict (the chart's colour) follows from its columns and its
+    campaign_pass_bound row, as the fleet decided it; rewording every detail changes none."""
+    from mystique.reports.sections.performance import campaign_verdicts
+    from mystique.validators.performance import campaign, fleet
+
+    noisy = [100.0, 108.0, 92.0, 104.0, 96.0]
+    j = fleet.judgement(100.0, 99.0, 101.0, noisy, higher_better=False)
+    assert j.pass_bound < j.limit  # a noisy fleet: passing needs less than staying under the limit
+    between = 100.0 * (j.pass_bound + j.limit) / 2  # above what passes, below the limit: inconclusive
+    faulty = [_step_frame(150.0, 0.01), _step_frame(between, 0.001), _step_frame(100.0, 0.001)]
+    df = campaign._rows(make_target("cpu"), {"healthy": [_step_frame(v, 0.01) for v in noisy], "faulty": faulty},
+                        "throttle", 0.05, 1.0, "w", 0.0, 1.0, "at-once").assign(run_no=1)
+    slow, bounds = df[df["check"] == "campaign_slowdown"], df[df["check"] == "campaign_pass_bound"]
+    verdicts = campaign_verdicts(slow, bounds)
+    assert [v for s, v in zip(slow["subject"], verdicts) if s.startswith("faulty")] == ["fail", "inconclusive", "pass"]
+    assert all(f"verdict: {v};" in d for v, d in zip(verdicts, slow["detail"]))  # as the fleet decided
+    assert campaign_verdicts(slow.assign(detail="x"), bounds.assign(detail="x")) == verdicts
+    assert campaign_verdicts(slow, bounds.iloc[0:0])[-2] == "pass"  # the bound row is what makes it unsure

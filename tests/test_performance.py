@@ -290,15 +290,17 @@ def test_bad_performance_input_exits_2_with_one_line(args, message, tmp_path, ca
     assert code == 2 and message in err
 
 
-def _fleet_rows(tmp_path: Path, medians: list[float]) -> list[str]:
+def _fleet_rows(tmp_path: Path, medians: list[float], width: dict[int, float] | None = None) -> list[str]:
+    """One results.csv per device; device i's interval is its figure +- ``width.get(i, 1%)``."""
     paths = []
     for i, m in enumerate(medians):
+        w = (width or {}).get(i, 0.01)
         ctx = results.RunContext(device="cpu", device_name="Model X", torch_version="t", host=f"h{i:02d}")
         res = results.Results(ctx, "performance")
         res.add("step_time", "dlrm/small/infer", "median_ms", m, status="info", unit="ms", dtype="float32",
-                detail=f"95% interval [{m * 0.99:.6g}, {m * 1.01:.6g}] ms; 100 steps")
+                low=m * (1 - w), high=m * (1 + w), detail=f"95% interval [{m * (1 - w):.6g}, {m * (1 + w):.6g}] ms")
         res.add("gemm_throughput", "gemm_1024", "tflops", 1.0 / m, status="info", unit="TFLOP/s", dtype="float32",
-                detail=f"95% interval [{0.99 / m:.6g}, {1.01 / m:.6g}] TFLOP/s")
+                low=(1 - w) / m, high=(1 + w) / m, detail=f"95% interval [{(1 - w) / m:.6g}, {(1 + w) / m:.6g}] TFLOP/s")
         folder = tmp_path / f"dev{i:02d}"
         folder.mkdir()
         results.write_csv(res.frame(), folder / "results.csv")
@@ -306,8 +308,45 @@ def _fleet_rows(tmp_path: Path, medians: list[float]) -> list[str]:
     return paths
 
 
+FLEET = [100.0 + (i % 5) * 0.4 for i in range(11)] + [130.0]
+VERDICT_COLUMNS = ["subject", "metric", "value", "threshold", "low", "high", "status"]
+
+
+def test_rewording_the_details_cannot_change_a_fleet_verdict(tmp_path):
+    from mystique.validators.performance.summary import summarise
+
+    paths = _fleet_rows(tmp_path, FLEET + [106.0], width={12: 0.06})  # the last: slow, but unsure
+    reworded = []
+    for p in paths:  # the same rows, every sentence replaced
+        (tmp_path / "x" / Path(p).name).mkdir(parents=True)
+        results.write_csv(results.read_csv(Path(p) / "results.csv").assign(detail="x"),
+                          tmp_path / "x" / Path(p).name / "results.csv")
+        reworded.append(str(tmp_path / "x" / Path(p).name))
+    plain, other = summarise(paths), summarise(reworded)
+    out = plain[plain["check"] == "fleet_outlier"]
+    pd.testing.assert_frame_equal(out[VERDICT_COLUMNS].reset_index(drop=True),
+                                  other[other["check"] == "fleet_outlier"][VERDICT_COLUMNS].reset_index(drop=True))
+    assert set(out.loc[out["subject"].str.contains("@h12/"), "status"]) == {"inconclusive"}  # its interval decides
+    assert (out["status"] == "fail").sum() == 2 and out[["low", "high"]].notna().all().all()
+
+
+def test_a_fleet_of_files_without_interval_columns_reads_no_interval_from_details(tmp_path):
+    """A results.csv from before the low and high columns: its figures have no interval, whatever its
+    detail says, so no device is flagged with confidence, and each row says why."""
+    from mystique.validators.performance.summary import summarise
+
+    paths = _fleet_rows(tmp_path, FLEET)
+    for p in paths:  # rewrite each file as the schema before low and high was
+        f = Path(p) / "results.csv"
+        pd.read_csv(f).drop(columns=["low", "high"]).to_csv(f, index=False)
+    out = summarise(paths)
+    out = out[out["check"] == "fleet_outlier"]
+    assert len(out) == 24 and set(out["status"]) == {"inconclusive"}  # not a point: no interval at all
+    assert out["low"].isna().all() and all("no 95% interval recorded" in d for d in out["detail"])
+
+
 def test_fleet_names_the_outlier_and_states_the_synchronous_slowdown(tmp_path):
-    paths = _fleet_rows(tmp_path, [100.0 + (i % 5) * 0.4 for i in range(11)] + [130.0])
+    paths = _fleet_rows(tmp_path, FLEET)
     code = main(["-q", "fleet", *paths, "-o", str(tmp_path / "fleet")])
     df = results.read_csv(tmp_path / "fleet" / "results.csv")
     assert code == 1

@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 from mystique.reports import (
     ReportInputs,
     compare_runs,
+    failed_checks,
     load_inputs,
-    parse_caught_by,
     render_html,
     render_report,
     runs,
@@ -104,7 +104,8 @@ def soft_error_rows(ctx: RunContext) -> pd.DataFrame:
         r.add("abft_detection_rate", bit_class, "detection_rate_ci_low", lo, status="pass", dtype="float32")
         r.add("abft_detection_rate", bit_class, "detection_rate_ci_high", hi, status="pass", dtype="float32")
         r.add("abft_detection_rate", bit_class, "trials", n, status="pass", dtype="float32")
-    # a checker whose rows carry no interval: the report computes Wilson's from trials
+    # a checker whose rows carry no interval: the report computes Wilson's from its trials row (never
+    # from the detail)
     r.add(
         "dmr_detection_rate",
         "exponent",
@@ -112,8 +113,9 @@ def soft_error_rows(ctx: RunContext) -> pd.DataFrame:
         0.8,
         status="pass",
         dtype="bfloat16",
-        detail="trials=50 seed=8",
+        detail="trials=999 seed=8",
     )
+    r.add("dmr_detection_rate", "exponent", "trials", 50, status="info", dtype="bfloat16")
     for layer, pvf in {
         "layers.0.attn.q_proj": 0.31,
         "layers.0.mlp.up_proj": 0.12,
@@ -873,12 +875,17 @@ def test_compare_runs_treats_inconclusive_as_bad_and_info_as_neither():
 # the self-test section
 
 SELFTEST_REPRO = "mystique qualify --device cpu --level quick --seed 0"
-#: fault -> (status, failed checks, the start of the detail `mystique selftest` writes)
+#: fault -> (status, catching rows, the start of the detail `mystique selftest` writes)
 SELFTEST_FAULTS = {
     "bitflip_mm": ("pass", 4, "caught by numerics.op_error_vs_fp64 x3; soft_errors.abft_detection_rate x1"),
     "nan_softmax": ("pass", 3, "caught by correctness.output_matches_reference x2; numerics.op_error_vs_fp64 x1"),
     "stuck_bit": ("fail", 0, "NOT caught: 21 checks, 0 failed, 6 measurements"),
     "mypkg.faults:dropout": ("error", None, "the qualification under this fault did not finish: device lost"),
+}
+#: run -> the failed_check rows of it (suite.check -> rows) that `mystique selftest` writes
+SELFTEST_HITS = {
+    "bitflip_mm": {"numerics.op_error_vs_fp64": 3, "soft_errors.abft_detection_rate": 1},
+    "nan_softmax": {"correctness.output_matches_reference": 2, "numerics.op_error_vs_fp64": 1},
 }
 
 
@@ -886,35 +893,29 @@ def selftest_rows(ctx: RunContext, *, false_failures: int = 0) -> pd.DataFrame:
     """Rows shaped like validators/selftest.py's ``rows``: healthy run, one row per fault, run times."""
     r = Results(ctx, "selftest")
     failing = "; failing: numerics.op_error_vs_fp64 x2" if false_failures else ""
-    r.add("healthy_false_failures", "cpu", "failed_checks", false_failures, threshold=0,
+    r.add("healthy_false_failures", "cpu", "false_failures", false_failures, threshold=0,
           status="fail" if false_failures else "pass",
           detail=f"21 checks, {false_failures} failed, 6 measurements on the healthy device{failing}; "
           "rows in healthy/results.csv; mystique selftest --device cpu --level quick --seed 0")
     for spec, (status, n, what) in SELFTEST_FAULTS.items():
         tail = "" if status == "error" else f"; rows in fault-{spec}/results.csv"
-        r.add("fault_caught", spec, "failed_checks", n, threshold=1, status=status,
+        r.add("fault_caught", spec, "catching_rows", n, threshold=1, status=status,
               detail=f"{what}{tail}; reproduce: {SELFTEST_REPRO} --inject {spec} -o OUT")
+    hits = {**SELFTEST_HITS, **({"healthy": {"numerics.op_error_vs_fp64": false_failures}} if false_failures else {})}
+    for name, checks in hits.items():
+        for key, n in checks.items():
+            r.add("failed_check", name, key, n, unit="rows", status="info", detail="failed rows")
     for i, name in enumerate(["healthy", *SELFTEST_FAULTS]):
         r.add("run_time", name, "seconds", 10.5 + i, unit="s", status="info", detail="wall time of the run")
     return r.frame()
 
 
-def test_parse_caught_by():
-    assert parse_caught_by(
-        "caught by numerics.op_error_vs_fp64 x3; soft_errors.abft_detection_rate x12; rows in "
-        "fault-bitflip_mm/results.csv; reproduce: mystique qualify --inject bitflip_mm -o OUT"
-    ) == {"numerics.op_error_vs_fp64": 3, "soft_errors.abft_detection_rate": 12}
-    # the healthy row names its false failures after "failing:"
-    assert parse_caught_by("21 checks, 2 failed, 6 measurements on the healthy device; failing: "
-                           "correctness.first_divergent_op x2; rows in healthy/results.csv; mystique ...") == {
-        "correctness.first_divergent_op": 2}
-    assert parse_caught_by("NOT caught: 21 checks, 0 failed, 6 measurements; rows in fault-x/results.csv") == {}
-    assert parse_caught_by("the qualification under this fault did not finish: boom; mystique ...") == {}
-    assert parse_caught_by("") == {}
-    # without the rows-in tail, the list runs to the end; odd items are ignored
-    assert parse_caught_by("caught by a.b x1; not an item; c.d x2") == {"a.b": 1, "c.d": 2}
-    # the list ends at the first "; rows in": nothing after it is read as a check
-    assert parse_caught_by("caught by a.b x1; rows in fault-e.f x9/results.csv; g.h x3") == {"a.b": 1}
+def test_the_selftest_matrix_reads_failed_check_rows_never_details():
+    df = selftest_rows(_ctx(CPU, "5e1f00000001", "2025-06-01T08:00:00+00:00"), false_failures=2)
+    assert failed_checks(df) == {**SELFTEST_HITS, "healthy": {"numerics.op_error_vs_fp64": 2}}
+    assert failed_checks(df.assign(detail="caught by a.b x9; failing: c.d x1")) == failed_checks(df)
+    # a self-test written before the failed_check rows: its details name checks, the matrix reads none
+    assert failed_checks(df[df["check"] != "failed_check"]) == {}
 
 
 def test_selftest_section_leads_with_a_fault_by_check_matrix(tmp_path: Path):

@@ -6,9 +6,20 @@ every fault it claims to catch makes it fail. :func:`selftest` runs the quick qu
 built-in fault simulation (``mystique faults``) and each ``--inject SPEC`` given, each run in its
 own folder, and records rows of suite ``selftest``:
 
-* ``healthy_false_failures`` (one check): the failed checks of the healthy run; threshold 0.
-* ``fault_caught`` (one check per fault): the failed checks of the run under that fault; pass when
-  at least one check failed; the detail names the checks that caught it (``suite.check x count``).
+* ``healthy_false_failures`` (one check): what went wrong on the healthy device, threshold 0: its
+  failed rows (fail, error or inconclusive), plus one for each of: qualify ending in failure with no
+  failed row to show for it (a validator that failed to import or to collect, a group that returned
+  no rows), qualify's exit code other than 0 or 1, a suite expected to run that produced no row,
+  nothing checked at all, or the run not finishing. Pass only at 0.
+* ``fault_caught`` (one check per fault): the ``fail`` rows of the run under that fault (value),
+  threshold 1: pass when at least one check failed. Error and inconclusive rows under a fault are no
+  catch (a crash or a doubt proves nothing); the detail counts them. A run that did not finish is an
+  ``error`` row.
+* ``failed_check`` (measurements, ``info``): one per run and ``suite.check`` with failed rows
+  (subject the run, ``healthy`` or the fault; metric ``suite.check``; value the number of rows): on
+  the healthy run its fail, error and inconclusive rows (false failures), under a fault its fail
+  rows (the catches). The report's fault x check matrix reads these; the names in the other rows'
+  details are for people.
 * ``run_time`` (measurements, ``info``): the wall time of each run.
 
 With the default validators, the healthy run, the slowness faults (``throttle``, ``straggler``) and
@@ -41,6 +52,7 @@ from mystique.progress import Progress
 from mystique.targets import make_target
 
 from .performance import run as performance_run
+from .pytest_plugin import DEFAULT_VALIDATORS, marker_name
 from .qualify import qualify
 
 HEALTHY = "healthy"
@@ -48,26 +60,35 @@ HEALTHY = "healthy"
 
 @dataclass(frozen=True)
 class RunOutcome:
-    """One qualification run of the self-test: its name, fault spec, rows and time."""
+    """One qualification run of the self-test: its name, fault spec, rows, time, qualify's exit code
+    (None where qualify did not run) and the suites expected to produce rows."""
 
     name: str
     inject: str | None
     frame: Any  # results DataFrame
     seconds: float
     error: str = ""
+    exit_code: int | None = None
+    expected: tuple[str, ...] = ()
 
-    @property
-    def failed_rows(self) -> Any:
+    def rows_by_check(self, statuses: Sequence[str]) -> dict[str, int]:
+        """``suite.check`` -> how many of its rows have one of ``statuses``, most first."""
         df = self.frame
-        return df[df["status"].isin(results.BAD_STATUSES)] if len(df) else df
+        out: dict[str, int] = {}
+        if len(df):
+            for suite, check in zip(*(df.loc[df["status"].isin(statuses), c] for c in ("suite", "check"))):
+                out[f"{suite}.{check}"] = out.get(f"{suite}.{check}", 0) + 1
+        return dict(sorted(out.items(), key=lambda kv: (-kv[1], kv[0])))
 
     def caught_by(self) -> dict[str, int]:
-        """``suite.check`` -> how many of its rows failed."""
-        out: dict[str, int] = {}
-        for _, row in self.failed_rows.iterrows():
-            key = f"{row['suite']}.{row['check']}"
-            out[key] = out.get(key, 0) + 1
-        return dict(sorted(out.items(), key=lambda kv: (-kv[1], kv[0])))
+        """``suite.check`` -> how many of its rows failed (``fail`` only: an error or an inconclusive
+        row is no catch)."""
+        return self.rows_by_check(("fail",))
+
+    def missing_suites(self) -> list[str]:
+        """The expected suites of which this run has no row."""
+        have = set(self.frame["suite"]) if len(self.frame) else set()
+        return [s for s in self.expected if s not in have]
 
 
 def fault_specs(extra: Sequence[str] = (), only: Sequence[str] | None = None) -> list[str]:
@@ -115,20 +136,33 @@ def _wants_performance(spec: str | None, validators: Sequence[str] | None) -> bo
     return spec is None or spec in faults.SLOWNESS_FAULTS or spec.split(":", 1)[0] not in faults.FAULTS
 
 
+def expected_suites(spec: str | None, validators: Sequence[str] | None) -> tuple[str, ...]:
+    """The suites a self-test run must produce rows of: the qualification's validators (those that
+    name a suite) and ``performance`` where the run gets the performance step; a slowness fault's run
+    is the performance step alone."""
+    perf = _wants_performance(spec, validators)
+    if perf and spec in faults.SLOWNESS_FAULTS:
+        return ("performance",)
+    names = [marker_name(v) for v in (validators or DEFAULT_VALIDATORS)]
+    return tuple(dict.fromkeys([n for n in names if n in results.SUITES] + (["performance"] if perf else [])))
+
+
 def _run_one(stage: Path, name: str, folder: str, *, device: str, inject: str | None, emulate: str | None,
              level: str, seed: int, validators: Sequence[str] | None) -> RunOutcome:
     t0 = time.perf_counter()
     out = stage / folder
     perf = _wants_performance(inject, validators)
+    expected = expected_suites(inject, validators)
     log = io.StringIO()  # pytest's own report of the run: kept beside its results, not on the terminal
+    code: int | None = None
     try:
         if perf and inject in faults.SLOWNESS_FAULTS:  # speed only: the performance step is its qualification
             out.mkdir(parents=True, exist_ok=True)
         else:
             try:
                 with contextlib.redirect_stdout(log):
-                    qualify(out, device=device, inject=inject, emulate=emulate, level=level, seed=seed,
-                            validators=validators, quiet=True)
+                    code = qualify(out, device=device, inject=inject, emulate=emulate, level=level, seed=seed,
+                                   validators=validators, quiet=True).exit_code
             finally:
                 if out.is_dir():
                     atomic_write_text(out / "pytest.log", log.getvalue())
@@ -138,11 +172,12 @@ def _run_one(stage: Path, name: str, folder: str, *, device: str, inject: str | 
             df = results.concat([df, _performance(out, device=device, inject=inject, emulate=emulate, level=level,
                                                   seed=seed)])
             results.write_csv(df, csv)
-        return RunOutcome(name, inject, df, time.perf_counter() - t0)
+        return RunOutcome(name, inject, df, time.perf_counter() - t0, exit_code=code, expected=expected)
     except UsageError:
         raise
     except MystiqueError as exc:  # the run could not finish: neither a pass nor a catch
-        return RunOutcome(name, inject, results.to_frame([]), time.perf_counter() - t0, error=str(exc))
+        return RunOutcome(name, inject, results.to_frame([]), time.perf_counter() - t0, error=str(exc),
+                          exit_code=code, expected=expected)
 
 
 def selftest(output: str | os.PathLike, *, device: str = "cpu", emulate: str | None = None,
@@ -180,6 +215,57 @@ def selftest(output: str | os.PathLike, *, device: str = "cpu", emulate: str | N
     return results.exit_code(df), df
 
 
+def healthy_problems(o: RunOutcome) -> list[str]:
+    """What fails the healthy run beside its failed rows (each counts one false failure)."""
+    if o.error:
+        return [f"the healthy qualification did not finish: {o.error}"]
+    out = []
+    c = results.counts(o.frame)
+    if o.exit_code == 1 and not c.failed:
+        out.append(f"qualify failed with no failed row to show for it (a validator that failed to import or to "
+                   f"collect, or a group that returned no rows: see {HEALTHY}/pytest.log)")
+    elif o.exit_code not in (None, 0, 1):
+        out.append(f"qualify exited {o.exit_code}" + (" (nothing checked)" if o.exit_code == results.NOTHING_CHECKED
+                                                      else ""))
+    missing = o.missing_suites()
+    if missing:
+        out.append(f"no rows from suite{'s' if len(missing) > 1 else ''} {', '.join(missing)}")
+    if not c.checks and o.exit_code != results.NOTHING_CHECKED:
+        out.append("nothing was checked")
+    return out
+
+
+def _items(counted: dict[str, int]) -> str:
+    return "; ".join(f"{k} x{v}" for k, v in counted.items())
+
+
+def _healthy_row(res: results.Results, target: Any, o: RunOutcome, repro: str) -> None:
+    bad = o.rows_by_check(results.BAD_STATUSES)
+    problems = healthy_problems(o)
+    n = sum(bad.values()) + len(problems)
+    res.add("healthy_false_failures", target.label, "false_failures", n, threshold=0,
+            status="pass" if n == 0 else "fail",
+            detail=(f"{results.counts(o.frame).line} on the healthy device" + (f"; failing: {_items(bad)}" if bad else "")
+                    + "".join(f"; {p}" for p in problems) + f"; rows in {HEALTHY}/results.csv; {repro}"))
+
+
+def _fault_row(res: results.Results, target: Any, o: RunOutcome, repro: str, tail: str) -> None:
+    subject = o.inject or o.name
+    if o.error:
+        res.add("fault_caught", subject, "catching_rows", None, status="error", threshold=1,
+                detail=f"the qualification under this fault did not finish: {o.error}; {repro} --inject {subject}")
+        return
+    caught = o.caught_by()
+    n = sum(caught.values())
+    c = results.counts(o.frame)
+    doubts = c.failed - n  # error and inconclusive rows: reported, never a catch
+    res.add("fault_caught", subject, "catching_rows", n, threshold=1, status="pass" if n else "fail",
+            detail=(f"caught by {_items(caught)}" if n else f"NOT caught: {c.line}")
+            + (f"; {doubts} error or inconclusive rows, not catches" if doubts else "")
+            + f"; rows in {_folder(subject)}/results.csv; reproduce: mystique qualify --device {target.device}"
+              f"{tail} --inject {subject} -o OUT")
+
+
 def rows(target: Any, outcomes: Sequence[RunOutcome], *, level: str, seed: int, emulate: str | None) -> Any:
     """The selftest rows of ``outcomes`` (the first is the healthy run)."""
     ctx = results.RunContext.for_target(target)
@@ -187,31 +273,15 @@ def rows(target: Any, outcomes: Sequence[RunOutcome], *, level: str, seed: int, 
     emu = f" --emulate {emulate}" if emulate else ""
     repro = f"mystique selftest --device {target.device}{emu} --level {level} --seed {seed}"
     healthy, faulty = outcomes[0], outcomes[1:]
-    if healthy.error:
-        res.add("healthy_false_failures", target.label, "failed_checks", None, status="error", threshold=0,
-                detail=f"the healthy qualification did not finish: {healthy.error}; {repro}")
-    else:
-        caught = healthy.caught_by()
-        c = results.counts(healthy.frame)
-        which = "; ".join(f"{k} x{v}" for k, v in caught.items())
-        res.add("healthy_false_failures", target.label, "failed_checks", c.failed, threshold=0,
-                status="pass" if c.failed == 0 and c.checks else ("fail" if c.failed else "skip"),
-                detail=(f"{c.line} on the healthy device" + (f"; failing: {which}" if which else "")
-                        + f"; rows in {HEALTHY}/results.csv; {repro}"))
+    _healthy_row(res, target, healthy, repro)
     for o in faulty:
-        subject = o.inject or o.name
-        if o.error:
-            res.add("fault_caught", subject, "failed_checks", None, status="error", threshold=1,
-                    detail=f"the qualification under this fault did not finish: {o.error}; {repro} --inject {subject}")
-            continue
-        caught = o.caught_by()
-        c = results.counts(o.frame)
-        which = "; ".join(f"{k} x{v}" for k, v in caught.items())
-        res.add("fault_caught", subject, "failed_checks", c.failed, threshold=1,
-                status="pass" if c.failed else "fail",
-                detail=(f"caught by {which}" if which else f"NOT caught: {c.line}")
-                + f"; rows in {_folder(subject)}/results.csv; reproduce: mystique qualify --device {target.device}{emu} "
-                  f"--level {level} --seed {seed} --inject {subject} -o OUT")
+        _fault_row(res, target, o, repro, f"{emu} --level {level} --seed {seed}")
+    for o in outcomes:  # what the fault x check matrix reads
+        counted = o.rows_by_check(results.BAD_STATUSES) if o is healthy else o.caught_by()
+        for key, n in counted.items():
+            res.add("failed_check", HEALTHY if o is healthy else (o.inject or o.name), key, n, unit="rows",
+                    status="info", detail=("false failures on the healthy device" if o is healthy
+                                           else "fail rows under this fault: its catches"))
     for o in outcomes:
         res.add("run_time", o.inject or o.name, "seconds", o.seconds, unit="s", status="info",
                 detail=f"wall time of the quick qualification run ({results.counts(o.frame).line})")

@@ -166,7 +166,7 @@ def dispatch_overhead(
                   + f"; {torch.get_num_threads()} CPU threads; warm-up {paired.warmup_rounds} rounds"
                   + ("" if paired.warmup_settled else " (not settled)"))
         results.add("dispatch_overhead_ratio", subject, "ratio", paired.ratio, status=status, threshold=BAND[1],
-                    detail=detail)
+                    low=lo, high=hi, detail=detail)
         results.add("dispatch_overhead_ratio", subject, "ratio_low", lo, status="info", detail="95% interval, lower end")
         results.add("dispatch_overhead_ratio", subject, "ratio_high", hi, status="info",
                     detail="95% interval, upper end")

@@ -13,21 +13,14 @@ the verdict, per compared figure (``campaign_slowdown``). Then the table of the 
 from __future__ import annotations
 
 import math
-import re
 from typing import Any
 
 from ..blocks import chart, fields, note, records_table, run_column
 from ..charts import grouped_bars, interval_points, line_series, ranking_bars
 from .base import SuiteRows
 
-_INTERVAL = re.compile(r"95% interval \[([-+0-9.eEinfa]+), ([-+0-9.eEinfa]+)\]")
-_T = re.compile(r"\bt=([0-9.]+) s")
 MAX_FLEET_CHARTS = 12
-
-
-def _interval(detail: str) -> tuple[float, float]:
-    m = _INTERVAL.search(detail or "")
-    return (float(m[1]), float(m[2])) if m else (math.nan, math.nan)
+SYNC_METRIC = "expected_slowdown_"  # sync_slowdown metrics: this prefix, then the distribution
 
 
 def _label(r: Any, multi: bool, *parts: str) -> str:
@@ -52,12 +45,12 @@ def _steps(rows: SuiteRows) -> list[dict[str, Any]]:
     df = rows.df[rows.df["check"].isin(("step_time", "step_time_disturbed")) & (rows.df["metric"] == "median_ms")]
     if not len(df):
         return []
-    lows, highs = zip(*(_interval(d) for d in df["detail"]))
     labels = [_label(r, rows.multi, r.subject, "(host too busy: not compared)" if r.check != "step_time" else "")
               for r in df.itertuples()]
-    svg = interval_points(labels, list(df["value"]), list(lows), list(highs), list(df["device"]),
+    svg = interval_points(labels, list(df["value"]), list(df["low"]), list(df["high"]), list(df["device"]),
                           title="Median step time under sustained load", xlabel="ms", xlim=None, uid=rows.ids())
-    return [chart(svg, "Median step time of each reference workload's benchmark with its 95% interval.")]
+    return [chart(svg, "Median step time of each reference workload's benchmark with its 95% interval (none "
+                       "drawn for a results.csv from before the low and high columns).")]
 
 
 def _clocks(rows: SuiteRows) -> list[dict[str, Any]]:
@@ -65,15 +58,14 @@ def _clocks(rows: SuiteRows) -> list[dict[str, Any]]:
     out = []
     for (run_no, subject, unit), g in df.groupby(["run_no", "subject", "unit"], sort=False):
         series: dict[str, tuple[list[float], list[float]]] = {}
-        for r in g.itertuples():
-            m = _T.search(r.detail)
+        for r in g.itertuples():  # in the order sampled (the time of each sample is in its detail)
             xs, ys = series.setdefault(r.metric, ([], []))
-            xs.append(float(m[1]) if m else math.nan)
+            xs.append(float(len(xs)))
             ys.append(r.value)
         title = f"{'[' + str(run_no) + '] ' if rows.multi else ''}{subject}: {unit} during the sustained run"
-        out.append(chart(line_series(series, title=title, xlabel="seconds", ylabel=unit, uid=rows.ids()),
-                         "Clock evidence sampled while the workload ran (NVML on NVIDIA GPUs, CPU frequency on "
-                         "CPUs): a drop under load is throttling."))
+        out.append(chart(line_series(series, title=title, xlabel="sample, in time order", ylabel=unit, uid=rows.ids()),
+                         "Clock evidence sampled at a steady interval while the workload ran (NVML on NVIDIA GPUs, "
+                         "CPU frequency on CPUs): a drop under load is throttling."))
     return out
 
 
@@ -106,7 +98,7 @@ def _sync(rows: SuiteRows) -> list[dict[str, Any]]:
     out = []
     parts = df["subject"].str.rsplit(" N=", n=1)
     df = df.assign(workload=parts.str[0], n=parts.str[1].astype(int),
-                   what=df["detail"].str.split("; ").str[1].str.split(" \\(").str[0])
+                   what=df["metric"].str.removeprefix(SYNC_METRIC).str.replace("_", " "))
     for workload, g in df.groupby("workload", sort=False):
         table = g.pivot_table(index="n", columns="what", values="value", aggfunc="first").sort_index()
         labels = [f"N={n:,}" for n in table.index]
@@ -117,29 +109,46 @@ def _sync(rows: SuiteRows) -> list[dict[str, Any]]:
     return out
 
 
-_VERDICT = re.compile(r"verdict: (\w+);")
+def campaign_verdicts(df: Any, bounds: Any) -> list[str]:
+    """The fleet's verdict on each ``campaign_slowdown`` row of ``df``, from its columns alone: ``fail``
+    when the interval (``low``, ``high``) lies above the limit (``threshold``), ``pass`` when it lies at
+    or below the run's ``campaign_pass_bound`` (the limit where there is none), else ``inconclusive``;
+    ``skip`` without a slowdown and ``info`` without an interval (a results.csv from before ``low`` and
+    ``high``). ``bounds``: the ``campaign_pass_bound`` rows."""
+    bound = {(r.run_no, r.subject, r.dtype, r.metric): r.value for r in bounds.itertuples()}
+    out = []
+    for r in df.itertuples():
+        limit, lo, hi = r.threshold, r.low, r.high
+        passes_at = bound.get((r.run_no, r.subject, r.dtype, r.metric), limit)
+        if not math.isfinite(r.value):
+            out.append("skip")
+        elif not (math.isfinite(lo) and math.isfinite(hi) and math.isfinite(limit)):
+            out.append("info")
+        else:
+            out.append("fail" if lo > limit else "pass" if hi <= min(passes_at, limit) else "inconclusive")
+    return out
 
 
 def _campaign(rows: SuiteRows) -> list[dict[str, Any]]:
     df = rows.df[rows.df["check"] == "campaign_slowdown"]
     if not len(df):
         return []
+    bounds = rows.df[rows.df["check"] == "campaign_pass_bound"]
     parts = df["subject"].str.split(": ", n=1)
-    df = df.assign(run=parts.str[0], figure=parts.str[1] + " " + df["metric"])
+    df = df.assign(run=parts.str[0], figure=parts.str[1] + " " + df["metric"], verdict=campaign_verdicts(df, bounds))
     out = []
     for figure, g in list(df.groupby("figure", sort=False))[:MAX_FLEET_CHARTS]:
         g = g.sort_values("value", ascending=False)
-        statuses = [(m[1] if (m := _VERDICT.search(d)) else "info") for d in g["detail"]]
         finite = sorted(x for x in g["threshold"] if math.isfinite(x))
         limits = (f"{finite[0]:.3f}-{finite[-1]:.3f}" if finite and finite[-1] > finite[0]
                   else f"{finite[0]:.3f}" if finite else "none")
         line = finite[len(finite) // 2] if finite else None
-        out.append(chart(ranking_bars(list(g["run"]), list(g["value"]), statuses=statuses, limit=line, uid=rows.ids(),
-                                      title=f"campaign: {figure} of every run against its fleet",
+        out.append(chart(ranking_bars(list(g["run"]), list(g["value"]), statuses=list(g["verdict"]), limit=line,
+                                      uid=rows.ids(), title=f"campaign: {figure} of every run against its fleet",
                                       xlabel="slowdown vs the healthy fleet's median"),
                          f"Each run against the healthy runs (a healthy run against the others); limit "
                          f"{limits} (dashed: the median limit); red: flagged (slower beyond the limit with confidence), amber: "
-                         "inconclusive, green: within what the fleet allows."))
+                         "inconclusive, green: within what the fleet allows, blue: no interval recorded."))
     return out
 
 

@@ -1,17 +1,18 @@
 """The self-test section (suite ``selftest``): does the suite tell a healthy device from a broken one?
 
-`mystique selftest` records one ``healthy_false_failures`` row (the failed checks of the healthy
-qualification run), one ``fault_caught`` row per fault simulation (the failed checks of the run
-under that fault; the detail names them: ``caught by suite.check xN; ...; rows in ...``) and one
-``run_time`` measurement per run. This section shows them as a verdict line and a matrix: one row
-per qualification run (the healthy one first), one column per ``suite.check`` that failed in any
-of them. Reads result rows only; never imports torch.
+`mystique selftest` records one ``healthy_false_failures`` row (what went wrong on the healthy
+device), one ``fault_caught`` row per fault simulation (the fail rows of the run under that fault),
+``failed_check`` measurements (one per run and ``suite.check`` with failed rows: subject the run,
+metric the check, value the rows) and one ``run_time`` measurement per run. This section shows them
+as a verdict line and a matrix: one row per qualification run (the healthy one first), one column
+per ``suite.check`` that failed in any of them. It reads columns only, never the sentence in a
+detail: a self-test written before the ``failed_check`` rows shows its verdicts without the matrix's
+check columns. Reads result rows only; never imports torch.
 """
 
 from __future__ import annotations
 
 import math
-import re
 from typing import Any
 
 import pandas as pd
@@ -20,27 +21,16 @@ from ...results import SUITES
 from ..blocks import cell, fmt, note, num, row, status_cell, table
 from .base import SuiteRows
 
-HEALTHY = "healthy"  # the subject of the healthy run's run_time row
-_CAUGHT = re.compile(r"(?:\bcaught by|\bfailing:) (?P<items>.*?)(?:; rows in |$)")
-_ITEM = re.compile(r"^(?P<key>[^\s;]+) x(?P<n>\d+)$")
+HEALTHY = "healthy"  # the subject of the healthy run's run_time and failed_check rows
 
 
-def parse_caught_by(detail: str) -> dict[str, int]:
-    """The checks named in a selftest row's detail, ``suite.check`` -> how many of its rows failed.
-
-    Reads the text after ``caught by `` (a ``fault_caught`` row) or ``failing: `` (the
-    ``healthy_false_failures`` row) up to the first ``; rows in``: items ``suite.check xN``
-    separated by ``; ``. Items of another shape are ignored; ``{}`` when nothing is named (a fault
-    NOT caught, a run that did not finish).
-    """
-    m = _CAUGHT.search(detail or "")
-    if not m:
-        return {}
-    out: dict[str, int] = {}
-    for item in m["items"].split("; "):
-        hit = _ITEM.match(item.strip())
-        if hit:
-            out[hit["key"]] = out.get(hit["key"], 0) + int(hit["n"])
+def failed_checks(g: pd.DataFrame) -> dict[str, dict[str, int]]:
+    """Run (``healthy`` or a fault) -> ``suite.check`` -> failed rows, from the ``failed_check`` rows of ``g``."""
+    out: dict[str, dict[str, int]] = {}
+    for r in g[g["check"] == "failed_check"].itertuples():
+        if math.isfinite(r.value):
+            hits = out.setdefault(r.subject, {})
+            hits[r.metric] = hits.get(r.metric, 0) + int(r.value)
     return out
 
 
@@ -94,14 +84,15 @@ def blocks(rows: SuiteRows) -> list[dict[str, Any]]:
         if not len(healthy) and not len(faults):
             continue
         times = {r.subject: r.value for r in g[g["check"] == "run_time"].itertuples()}
+        hits = failed_checks(g)
         text, good = _verdict(healthy, faults)
         out.append(note(f"[{run_no}] {text}" if multi else text, "selftest-verdict " + ("good" if good else "bad")))
         for r in healthy.itertuples():
             entries.append({"run_no": run_no, "name": HEALTHY, "healthy": True, "row": r,
-                            "seconds": times.get(HEALTHY, math.nan), "hits": parse_caught_by(r.detail)})
+                            "seconds": times.get(HEALTHY, math.nan), "hits": hits.get(HEALTHY, {})})
         for r in faults.itertuples():
             entries.append({"run_no": run_no, "name": r.subject, "healthy": False, "row": r,
-                            "seconds": times.get(r.subject, math.nan), "hits": parse_caught_by(r.detail)})
+                            "seconds": times.get(r.subject, math.nan), "hits": hits.get(r.subject, {})})
     if not entries:
         return out
     columns = _column_order([k for e in entries for k in e["hits"]])

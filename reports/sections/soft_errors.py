@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Callable
 from typing import Any
 
@@ -15,7 +14,6 @@ from ..tables import wilson_interval
 from .base import SuiteRows, rows_table
 
 _CI_SUFFIXES = ("_ci_low", "_ci_high")
-_TRIALS = re.compile(r"\btrials\s*[=:]\s*(\d+)")
 
 
 def metric_groups(df: pd.DataFrame, main: Callable[[str, str], bool]) -> list[dict[str, Any]]:
@@ -23,8 +21,8 @@ def metric_groups(df: pd.DataFrame, main: Callable[[str, str], bool]) -> list[di
 
     ``main(check, metric)`` tells the principal metric of a group; other metrics of the group
     (``<main>_ci_low``, ``<main>_ci_high``, ``trials``, ...) become companions. Returns one dict per
-    principal row: ``run_no, check, subject, dtype, metric, value, threshold, unit, status, detail,
-    others`` (metric -> value); its status is the worst of the group.
+    principal row: ``run_no, check, subject, dtype, metric, value, threshold, low, high, unit, status,
+    detail, others`` (metric -> value); its status is the worst of the group.
     """
     out = []
     for _, g in df.groupby(["run_no", "check", "subject", "dtype"], sort=False):
@@ -34,7 +32,7 @@ def metric_groups(df: pd.DataFrame, main: Callable[[str, str], bool]) -> list[di
         for r in principal.itertuples():
             worst = next((s for s in ("error", "fail", "inconclusive") if s in statuses), r.status)
             rec = {k: getattr(r, k) for k in ("run_no", "check", "subject", "dtype", "metric", "value",
-                                               "threshold", "unit")}
+                                               "threshold", "low", "high", "unit")}
             out.append({**rec, "status": worst, "detail": r.detail, "others": others})
     return out
 
@@ -44,13 +42,13 @@ def _is_rate(check: str, metric: str) -> bool:
 
 
 def _with_interval(e: dict[str, Any]) -> dict[str, Any]:
-    """A detection-rate group with its trials and 95% interval (recorded, else Wilson's from the trials)."""
+    """A detection-rate group with its trials and 95% interval: the rate row's ``low`` and ``high``, else
+    its ``<metric>_ci_low``/``_ci_high`` rows, else Wilson's from its ``trials`` row (never the detail)."""
     o, m = e["others"], e["metric"]
     trials = o.get("trials", math.nan)
-    if not finite(trials):
-        hit = _TRIALS.search(e["detail"])
-        trials = float(hit[1]) if hit else math.nan
-    lo, hi = o.get(f"{m}_ci_low", math.nan), o.get(f"{m}_ci_high", math.nan)
+    lo, hi = e["low"], e["high"]
+    if not (finite(lo) and finite(hi)):
+        lo, hi = o.get(f"{m}_ci_low", math.nan), o.get(f"{m}_ci_high", math.nan)
     if not (finite(lo) and finite(hi)) and finite(trials) and finite(e["value"]):
         lo, hi = wilson_interval(e["value"] * trials, trials)
     e.update(trials=trials, lo=lo, hi=hi)

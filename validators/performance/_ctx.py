@@ -31,11 +31,11 @@ class PerformanceContext(GroupContext):
     step_times: dict[str, Any] = field(default_factory=dict)  # workload -> its steps (a timed.Calls)
 
     def record(self, check: str, subject: str, dtype: str, metric: str, m: Measured, detail: str) -> None:
-        """One ``info`` row of a measured figure (its interval in the detail), kept for the fleet group."""
+        """One ``info`` row of a measured figure (its interval in ``low`` and ``high``), kept for the fleet group."""
         self.measured[(check, subject, dtype, metric)] = m
         self.record_only(check, subject, dtype, metric, m, detail)
 
     def record_only(self, check: str, subject: str, dtype: str, metric: str, m: Measured, detail: str) -> None:
         """The row of :meth:`record`, not kept for the fleet group (a figure the host disturbed)."""
-        self.res.add(check, subject, metric, m.value, status="info", unit=m.unit, dtype=dtype,
+        self.res.add(check, subject, metric, m.value, status="info", unit=m.unit, dtype=dtype, low=m.lo, high=m.hi,
                      detail=f"95% interval [{m.lo:.6g}, {m.hi:.6g}] {m.unit}; {detail}")

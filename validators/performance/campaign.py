@@ -20,7 +20,8 @@ Two schedules:
   spread and so into its limit: the schedule shows what a fleet measured at different times costs.
 
 Returns the campaign's rows (suite ``performance``: ``campaign_flagged`` per side, with
-``campaign_run`` rows per run) and writes each run's results under ``out_dir``. The command is
+``campaign_run`` rows per run and ``campaign_slowdown`` and ``campaign_pass_bound`` measurements per run
+and figure: what the fleet's verdict on that figure reads) and writes each run's results under ``out_dir``. The command is
 ``mystique fleet-campaign``.
 """
 
@@ -41,34 +42,35 @@ from mystique.progress import Progress
 from mystique.targets import make_target
 from mystique.timing import loadavg
 
-from .fleet import COMPARED, DEFAULT_MARGIN, interval_of, judge
+from .fleet import COMPARED, DEFAULT_MARGIN, Judgement, interval_of, judgement
 
 _BUSY = ("import time,sys\nb,p=float(sys.argv[1]),float(sys.argv[2])\n"
          "while True:\n t=time.perf_counter()\n while time.perf_counter()-t<b: pass\n time.sleep(max(p-b,0))\n")
 
 
 def _figures(df: pd.DataFrame) -> dict[tuple[str, str, str, str], tuple[float, float, float]]:
+    """The compared figures of one run: key -> (value, low, high), the interval from its columns."""
     out = {}
     for r in df.itertuples():
         if r.status == "info" and (r.check, r.metric) in COMPARED:
-            lo, hi = interval_of(r.detail)
+            lo, hi = interval_of(r)
             out[(r.check, r.subject, r.dtype, r.metric)] = (float(r.value), lo, hi)
     return out
 
 
-def _flag(figs: dict, peers: list[dict], margin: float) -> tuple[bool, int, str, list[tuple]]:
-    """(flagged, inconclusive rows, the failing figures, every verdict as (key, status, slowdown, limit,
-    detail)) of one run against ``peers``' figures."""
+def _flag(figs: dict, peers: list[dict], margin: float) -> tuple[bool, int, str, list[tuple[tuple, Judgement]]]:
+    """(flagged, inconclusive rows, the failing figures, every verdict as (key, :class:`.fleet.Judgement`))
+    of one run against ``peers``' figures."""
     failing, unsure, judged = [], 0, []
     for key, (v, lo, hi) in figs.items():
         values = [p[key][0] for p in peers if key in p]
         if not values:
             continue
-        status, r, limit, detail = judge(v, lo, hi, values, COMPARED[(key[0], key[3])], margin)
-        judged.append((key, status, r, limit, detail))
-        if status == "fail":
-            failing.append(f"{key[1]} {key[3]} {r:.3f}>{limit:.3f}")
-        unsure += status == "inconclusive"
+        j = judgement(v, lo, hi, values, COMPARED[(key[0], key[3])], margin)
+        judged.append((key, j))
+        if j.status == "fail":
+            failing.append(f"{key[1]} {key[3]} {j.slowdown:.3f}>{j.limit:.3f}")
+        unsure += j.status == "inconclusive"
     return bool(failing), unsure, "; ".join(failing), judged
 
 
@@ -170,9 +172,8 @@ def _rows(target: Any, frames: dict[str, list[pd.DataFrame]], fault: str, margin
             flagged[side] += hit
             res.add("campaign_run", f"{side}-{i:02d}", "flagged", float(hit), status="info",
                     detail=f"against {len(peers)} healthy peers; {unsure} inconclusive rows" + (f"; {why}" if why else ""))
-            for (_check, subject, dtype, metric), status, r, limit, detail in judged:
-                res.add("campaign_slowdown", f"{side}-{i:02d}: {subject}", metric, r, threshold=limit, unit="x",
-                        status="info", dtype=dtype, detail=f"the fleet comparison's verdict: {status}; {detail}")
+            for (_check, subject, dtype, metric), j in judged:
+                _slowdown_rows(res, f"{side}-{i:02d}: {subject}", dtype, metric, j)
     n = len(healthy)
     res.add("campaign_flagged", f"healthy ({n} runs)", "runs_flagged", flagged["healthy"], threshold=0,
             status="pass" if flagged["healthy"] == 0 else "fail",
@@ -183,3 +184,15 @@ def _rows(target: Any, frames: dict[str, list[pd.DataFrame]], fault: str, margin
             detail=f"runs under {fault} flagged against the {n} healthy runs; target at least {need} of {len(faulty)}; "
                    f"{setup}")
     return res.frame()
+
+
+def _slowdown_rows(res: results.Results, subject: str, dtype: str, metric: str, j: Judgement) -> None:
+    """A run's figure against its fleet, as measurements (the campaign's checks are ``campaign_flagged``):
+    ``campaign_slowdown`` (the slowdown, its interval in ``low`` and ``high``, the limit as threshold) and
+    ``campaign_pass_bound`` (the bound at or below which the interval passes). The verdict follows from
+    these columns (:func:`.fleet.verdict`); the detail only says it."""
+    res.add("campaign_slowdown", subject, metric, j.slowdown, threshold=j.limit, low=j.low, high=j.high, unit="x",
+            status="info", dtype=dtype, detail=f"the fleet comparison's verdict: {j.status}; {j.detail}")
+    res.add("campaign_pass_bound", subject, metric, j.pass_bound, unit="x", status="info", dtype=dtype,
+            detail="the slowdown passes when its 95% interval lies at or below this bound (the limit, or less where "
+                   "the fleet's spread decides)")

@@ -2,15 +2,15 @@
 (``baseline``: results.csv files of other devices of the same model), judged by :func:`.fleet.judge`.
 
 Rows ``fleet_<check>`` (``fleet_gemm_throughput``, ``fleet_step_time``, ...) with metric
-``<metric>_slowdown``: the slowdown vs the fleet median, the limit as threshold, the fleet's
-median and scaled MAD and the device's interval in the detail. Peers of another device model are
+``<metric>_slowdown``: the slowdown vs the fleet median, its 95% interval in ``low`` and ``high``,
+the limit as threshold; the fleet's median and spread in the detail. Peers of another device model are
 left out (named in a ``fleet_peers`` row); without a baseline the group records one skip.
 """
 
 from __future__ import annotations
 
 from ._ctx import PerformanceContext
-from .fleet import COMPARED, DEFAULT_MARGIN, judge, measured_rows
+from .fleet import COMPARED, DEFAULT_MARGIN, judgement, measured_rows
 
 
 def _model(name: str) -> str:
@@ -51,9 +51,10 @@ def run_fleet(ctx: PerformanceContext) -> None:
             ctx.res.add(f"fleet_{check}", subject, f"{metric}_slowdown", None, status="skip", dtype=dtype,
                         detail="no peer measured this figure")
             continue
-        status, r, limit, detail = judge(m.value, m.lo, m.hi, values, m.higher_better, margin)
-        ctx.res.add(f"fleet_{check}", subject, f"{metric}_slowdown", r, threshold=limit, status=status, dtype=dtype,
-                    detail=f"{detail}; this device {m.value:.6g} {m.unit} [{m.lo:.6g}, {m.hi:.6g}]")
+        j = judgement(m.value, m.lo, m.hi, values, m.higher_better, margin)
+        ctx.res.add(f"fleet_{check}", subject, f"{metric}_slowdown", j.slowdown, threshold=j.limit, low=j.low,
+                    high=j.high, status=j.status, dtype=dtype,
+                    detail=f"{j.detail}; this device {m.value:.6g} {m.unit} [{m.lo:.6g}, {m.hi:.6g}]")
         compared += 1
     if not compared:
         ctx.res.add("fleet_comparison", ctx.target.label, "figures", 0, status="skip",

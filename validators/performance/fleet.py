@@ -21,6 +21,10 @@ straddles a limit, it is inconclusive: a small fleet cannot tell there.
 With fewer than 3 peers the spread cannot be estimated and the margin alone is the limit (said in
 the row).
 
+A figure's interval is read from its row's ``low`` and ``high`` columns, never from the sentence in
+its ``detail``. A results.csv written before those columns existed has none: its figures have no
+interval, and a verdict that needs one is inconclusive (the row says so).
+
 :func:`summarise` is ``mystique fleet``: every device against the others (leave one out), per-metric
 distributions, outliers, and the expected slowdown of a synchronous job of N devices drawn from the
 fleet (:func:`sync_slowdown`).
@@ -29,9 +33,10 @@ fleet (:func:`sync_slowdown`).
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
@@ -51,7 +56,6 @@ COMPARED: dict[tuple[str, str], bool] = {
     ("step_time", "median_ms"): False, ("step_time", "p95_ms"): False, ("step_time", "mean_ms"): False,
 }
 SYNC_NS: tuple[int, ...] = (1, 8, 64, 512, 4096, 32768, 100_000)
-_INTERVAL = re.compile(r"95% interval \[([-+0-9.eEinfa]+), ([-+0-9.eEinfa]+)\]")
 
 
 def results_paths(paths: Sequence[str]) -> list[Path]:
@@ -77,18 +81,45 @@ def measured_rows(paths: Sequence[str]) -> pd.DataFrame:
     return df
 
 
-def interval_of(detail: str) -> tuple[float, float]:
-    """The ``95% interval [lo, hi]`` a measured row's detail states (NaN, NaN when none)."""
-    m = _INTERVAL.search(detail or "")
-    return (float(m[1]), float(m[2])) if m else (math.nan, math.nan)
+def interval_of(row: Any) -> tuple[float, float]:
+    """The 95% interval of a measured row (a Series or an ``itertuples`` row): its ``low`` and ``high``
+    columns; (NaN, NaN) where it has none, as every row of a results.csv written before those columns."""
+    get = row.get if isinstance(row, (pd.Series, dict)) else (lambda k, d: getattr(row, k, d))
+    return float(get("low", math.nan)), float(get("high", math.nan))
 
 
-def judge(value: float, lo: float, hi: float, peers: Sequence[float], higher_better: bool,
-          margin: float = DEFAULT_MARGIN) -> tuple[str, float, float, str]:
-    """(status, slowdown, limit, detail) of one figure against the ``peers``' figures."""
+@dataclass(frozen=True)
+class Judgement:
+    """One figure against its fleet: the verdict and every figure it was read from.
+
+    ``slowdown`` with its interval ``[low, high]``; ``limit`` the prediction limit (fail when ``low``
+    lies above it); ``pass_bound`` the bound at or below which ``high`` passes (``limit`` or less)."""
+
+    status: str
+    slowdown: float
+    low: float
+    high: float
+    limit: float
+    pass_bound: float
+    detail: str
+
+
+def verdict(low: float, high: float, limit: float, pass_bound: float) -> str:
+    """``fail`` when the slowdown interval lies wholly above ``limit``, ``pass`` when it lies at or below
+    ``pass_bound`` (at most ``limit``), else ``inconclusive`` (also without a finite interval)."""
+    status = slowdown_verdict(low, high, limit)
+    if status == "pass" and not high <= pass_bound:
+        status = "inconclusive"
+    return status
+
+
+def judgement(value: float, lo: float, hi: float, peers: Sequence[float], higher_better: bool,
+              margin: float = DEFAULT_MARGIN) -> Judgement:
+    """One figure ``value`` (95% interval ``[lo, hi]``, NaN where it has none) against the ``peers``' figures."""
     m, s, estimator, efficiency = fleet_spread(peers)
     if not (math.isfinite(m) and m > 0 and value > 0):
-        return "skip", math.nan, math.nan, "no positive fleet median to compare with"
+        return Judgement("skip", math.nan, math.nan, math.nan, math.nan, math.nan,
+                         "no positive fleet median to compare with")
     n = len(peers)
     k = prediction_factor(n, efficiency) if n >= MIN_SPREAD_PEERS else math.nan
     spread = k * s / m if n >= MIN_SPREAD_PEERS else 0.0
@@ -96,20 +127,30 @@ def judge(value: float, lo: float, hi: float, peers: Sequence[float], higher_bet
     # within what 3 spreads allow, had the spread been known exactly: a pass; between that and the
     # prediction limit a small fleet cannot tell (inconclusive)
     known = 1.0 + max(margin, KNOWN_K * s / m) if n >= MIN_SPREAD_PEERS else limit
-    if higher_better:
-        r, rlo, rhi = m / value, (m / hi if hi > 0 else math.inf), (m / lo if lo > 0 else math.inf)
+    has_interval = math.isfinite(lo) and math.isfinite(hi)
+    if not has_interval:
+        rlo = rhi = math.nan
+    elif higher_better:
+        rlo, rhi = (m / hi if hi > 0 else math.inf), (m / lo if lo > 0 else math.inf)
     else:
-        r, rlo, rhi = value / m, lo / m, hi / m
+        rlo, rhi = lo / m, hi / m
+    r = m / value if higher_better else value / m
     why = (f"{k:.3g} x {estimator} / median = {spread:.4f}, {k:.3g} the 3-sigma prediction factor of {n} peers"
            if n >= MIN_SPREAD_PEERS else f"fewer than {MIN_SPREAD_PEERS} peers: spread not estimable, margin only")
-    detail = (f"slowdown vs fleet {r:.4f} (95% interval [{rlo:.4f}, {rhi:.4f}]); fleet of {n}: median {m:.6g}, "
+    interval = (f"95% interval [{rlo:.4f}, {rhi:.4f}]" if has_interval else
+                "no 95% interval recorded (a results.csv from before the low and high columns): inconclusive")
+    detail = (f"slowdown vs fleet {r:.4f} ({interval}); fleet of {n}: median {m:.6g}, "
               f"{estimator} {s:.4g}; limit 1+max(margin {margin:g}, {why}) = {limit:.4f}"
               + (f"; passes at or below {known:.4f} (3 x {estimator} / median: the spread taken as known)"
                  if known < limit else ""))
-    status = slowdown_verdict(rlo, rhi, limit)
-    if status == "pass" and not rhi <= known:
-        status = "inconclusive"
-    return status, r, limit, detail
+    return Judgement(verdict(rlo, rhi, limit, known), r, rlo, rhi, limit, known, detail)
+
+
+def judge(value: float, lo: float, hi: float, peers: Sequence[float], higher_better: bool,
+          margin: float = DEFAULT_MARGIN) -> tuple[str, float, float, str]:
+    """(status, slowdown, limit, detail) of one figure against the ``peers``' figures (:func:`judgement`)."""
+    j = judgement(value, lo, hi, peers, higher_better, margin)
+    return j.status, j.slowdown, j.limit, j.detail
 
 
 def sync_slowdown(samples: Sequence[float], ns: Sequence[int] = SYNC_NS) -> dict[int, float]:

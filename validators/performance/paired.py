@@ -49,13 +49,13 @@ def run_paired(ctx: PerformanceContext, subject: str, executor: Any, seconds: fl
     lo, hi = p.interval
     how = (f"{p.rounds} ABBA rounds ({p.stop}) of the step on {target.label} vs {ref.label} under a pass-through "
            f"mode; warm-up {p.warmup_rounds} rounds" + ("" if p.warmup_settled else " (not settled)"))
-    ctx.res.add("mode_slowdown", subject, "paired_ratio", p.ratio, threshold=1.0 + margin,
+    ctx.res.add("mode_slowdown", subject, "paired_ratio", p.ratio, threshold=1.0 + margin, low=lo, high=hi,
                 status=slowdown_verdict(lo, hi, 1.0 + margin), dtype="float32",
                 detail=f"median paired ratio {p.ratio:.4f}, 95% interval [{lo:.4f}, {hi:.4f}]; {how}; fails above "
                        f"1+{margin:g} with confidence")
     total = sum(p.a_ms) / sum(p.b_ms) if p.b_ms and sum(p.b_ms) > 0 else float("nan")
     blo, bhi = bootstrap_sum_ratio(p.a_ms, p.b_ms, ctx.seed)
-    ctx.res.add("mode_mean_slowdown", subject, "time_ratio", total, threshold=1.0 + margin,
+    ctx.res.add("mode_mean_slowdown", subject, "time_ratio", total, threshold=1.0 + margin, low=blo, high=bhi,
                 status=slowdown_verdict(blo, bhi, 1.0 + margin), dtype="float32",
                 detail=f"summed step time ratio {total:.4f}, 95% bootstrap interval [{blo:.4f}, {bhi:.4f}] "
                        f"({BOOTSTRAP} resamples of rounds, seed {ctx.seed}); {how}; fails above 1+{margin:g} with "

@@ -5,21 +5,25 @@ model among the results:
 
 * ``fleet_distribution`` (info): the fleet median, with its scaled MAD, minimum, maximum and size
   in the detail;
-* ``fleet_member`` (info): each device's figure (subject ``check:subject@peer``), the chart's bars;
+* ``fleet_member`` (info): each device's figure (subject ``check:subject@peer``) with its 95% interval
+  in ``low`` and ``high``, the chart's bars;
 * ``fleet_outlier`` (check): each device against the others (leave one out, so an outlier does not
-  widen its own limit), judged as the ``fleet`` group judges a device (:func:`.fleet.judge`);
+  widen its own limit), judged as the ``fleet`` group judges a device (:func:`.fleet.judge`): the
+  slowdown, its interval in ``low`` and ``high`` and the limit as threshold. A device whose row has no
+  interval (a results.csv from before those columns) is inconclusive, and its row says so;
 * ``sync_slowdown`` (info): for each workload's step time, the expected slowdown of a synchronous
   job of N devices drawn from this fleet, ``E[max of N draws] / median``, from the empirical CDF
-  (:func:`.stats.expected_max`). Two distributions: ``device medians`` (each device's median step
-  time: persistent device-to-device differences) and, where a run's ``step_times.csv`` lies beside
-  its results, ``pooled steps`` (every device's undisturbed steps (:mod:`.timed`), 200 quantiles each so every
-  device weighs the same: step-to-step jitter too, as a job whose N devices each draw one step).
-  N beyond the fleet's size extrapolates nothing: the maximum of the empirical distribution bounds it.
+  (:func:`.stats.expected_max`). Two distributions, each its own metric:
+  ``expected_slowdown_device_medians`` (each device's median step time: persistent device-to-device
+  differences) and, where a run's ``step_times.csv`` lies beside its results,
+  ``expected_slowdown_pooled_steps`` (every device's undisturbed steps (:mod:`.timed`), 200 quantiles
+  each so every device weighs the same: step-to-step jitter too, as a job whose N devices each draw
+  one step). N beyond the fleet's size extrapolates nothing: the maximum of the empirical
+  distribution bounds it.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -31,8 +35,7 @@ from .fleet import (
     COMPARED,
     DEFAULT_MARGIN,
     SYNC_NS,
-    interval_of,
-    judge,
+    judgement,
     measured_rows,
     results_paths,
     sync_slowdown,
@@ -83,7 +86,8 @@ def summarise(paths: Sequence[str], ns: Sequence[int] = SYNC_NS, margin: float =
 
 def _figure_rows(res: results.Results, files: Sequence[Path], model: str, check: str, subject: str, dtype: str,
                  metric: str, g: pd.DataFrame, ns: Sequence[int], margin: float) -> None:
-    per_peer = g.groupby("peer").agg(value=("value", "median"), detail=("detail", "first"), unit=("unit", "first"))
+    per_peer = g.groupby("peer").agg(value=("value", "median"), low=("low", "first"), high=("high", "first"),
+                                     detail=("detail", "first"), unit=("unit", "first"))
     values = [float(v) for v in per_peer["value"]]
     m, s = robust_center(values)
     unit = str(per_peer["unit"].iloc[0])
@@ -94,21 +98,19 @@ def _figure_rows(res: results.Results, files: Sequence[Path], model: str, check:
     higher = COMPARED[(check, metric)]
     for peer, r in per_peer.iterrows():
         res.add("fleet_member", f"{key}@{peer}", metric, r["value"], unit=unit, dtype=dtype, status="info",
-                detail=f"{model}; {r['detail']}")
+                low=r["low"], high=r["high"], detail=f"{model}; {r['detail']}")
         others = [float(v) for p, v in per_peer["value"].items() if p != peer]
         if not others:
             continue
-        lo, hi = interval_of(r["detail"])
-        if not math.isfinite(lo):
-            lo = hi = float(r["value"])
-        status, ratio, limit, detail = judge(float(r["value"]), lo, hi, others, higher, margin)
-        res.add("fleet_outlier", f"{key}@{peer}", f"{metric}_slowdown", ratio, threshold=limit, dtype=dtype,
-                status=status, detail=f"{peer} against the {len(others)} others: {detail}")
+        j = judgement(float(r["value"]), float(r["low"]), float(r["high"]), others, higher, margin)
+        res.add("fleet_outlier", f"{key}@{peer}", f"{metric}_slowdown", j.slowdown, threshold=j.limit, low=j.low,
+                high=j.high, dtype=dtype, status=j.status, detail=f"{peer} against the {len(others)} others: {j.detail}")
     if (check, metric) != ("step_time", "median_ms"):
         return
     how = "E[max of N draws]/median from the empirical CDF (order statistics)"
     for what, samples in (("device medians", values), ("pooled steps", _pooled_steps(files, subject))):
         for n, slow in sync_slowdown(samples, ns).items():
-            res.add("sync_slowdown", f"{subject} N={n}", "expected_slowdown", slow, dtype=dtype, status="info",
+            res.add("sync_slowdown", f"{subject} N={n}", f"expected_slowdown_{what.replace(' ', '_')}", slow,
+                    dtype=dtype, status="info",
                     detail=f"{model}; {what} ({len(samples)} samples); {how}; a synchronous step waits for the "
                            f"slowest of {n} devices")

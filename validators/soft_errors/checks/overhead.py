@@ -51,7 +51,7 @@ def overhead_rows(res: Results, t: Any, suffix: str, comparisons: tuple, floors:
             verdict = (f"; verdict from the 95% interval against {target:+.0%}: "
                        + {"pass": "within", "fail": "entirely above", "inconclusive": "straddles it"}[status])
         res.add("overhead", f"{name}_{suffix}", "abft_overhead", ov, threshold=target, unit="ratio", dtype=dt,
-                status=status,
+                status=status, low=lo, high=hi,
                 detail=f"{what}: {ov:+.2%} (95% interval {lo:+.2%} .. {hi:+.2%}){verdict}; "
                        f"unchecked {t.median[base] * 1e3:.3f} ms, checked {t.median[checked] * 1e3:.3f}"
                        f" ms (wall {t.wall[base] * 1e3:.3f} / {t.wall[checked] * 1e3:.3f} ms); {common}{note}")
@@ -59,7 +59,7 @@ def overhead_rows(res: Results, t: Any, suffix: str, comparisons: tuple, floors:
         ov = t.overhead(checked, base)
         lo, hi = t.interval(checked, base)
         res.add("overhead", f"{name}_{suffix}", "abft_floor", ov, unit="ratio", dtype="float32", status="info",
-                detail=f"{what}: {ov:+.2%} (95% interval {lo:+.2%} .. {hi:+.2%}); {common}")
+                low=lo, high=hi, detail=f"{what}: {ov:+.2%} (95% interval {lo:+.2%} .. {hi:+.2%}); {common}")
 
 
 

@@ -1,0 +1,150 @@
+"""The self-test's verdicts from injected qualification results (no real qualification runs): only
+``fail`` rows catch a fault, and the healthy run fails on anything that is not a clean pass."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from mystique.validators import selftest as st
+from mystique.validators.qualify import Outcome
+
+from mystique import results
+from mystique.errors import MystiqueError
+
+FAULT = "wrong_gelu"
+
+
+def _rows(suite: str, statuses: list[str]) -> pd.DataFrame:
+    res = results.Results(results.RunContext(device="cpu"), suite)
+    for i, status in enumerate(statuses):
+        res.add(f"check_{status}", f"op{i}", "err", 1.0, threshold=0.5, status=status)
+    return res.frame()
+
+
+def _inject(monkeypatch: pytest.MonkeyPatch, runs: dict[str | None, object]) -> None:
+    """Replace the one qualification run with ``runs[inject]``: (exit code, rows) written as qualify
+    writes them, or an exception raised."""
+
+    def fake_qualify(out, *, inject=None, **_):
+        what = runs[inject]
+        if isinstance(what, Exception):
+            raise what
+        code, df = what
+        Path(out).mkdir(parents=True)
+        results.write_csv(df, Path(out) / "results.csv")
+        return Outcome(code, results.counts(df), ("results.csv",))
+
+    monkeypatch.setattr(st, "qualify", fake_qualify)
+
+
+def _selftest(tmp_path: Path, validators=("numerics",)) -> tuple[int, pd.DataFrame]:
+    return st.selftest(tmp_path / "st", faults=[FAULT], validators=list(validators))
+
+
+def _row(df: pd.DataFrame, check: str) -> pd.Series:
+    return df[df["check"] == check].iloc[0]
+
+
+GOOD = (0, _rows("numerics", ["pass", "pass"]))
+CAUGHT = (1, _rows("numerics", ["pass", "fail", "fail"]))
+
+
+def test_a_clean_healthy_run_and_a_caught_fault_pass(tmp_path, monkeypatch):
+    _inject(monkeypatch, {None: GOOD, FAULT: CAUGHT})
+    code, df = _selftest(tmp_path)
+    assert code == 0
+    healthy, fault = _row(df, "healthy_false_failures"), _row(df, "fault_caught")
+    assert (healthy["status"], healthy["value"]) == ("pass", 0)
+    assert (fault["status"], fault["value"]) == ("pass", 2)
+    hits = df[df["check"] == "failed_check"]
+    assert list(zip(hits["subject"], hits["metric"], hits["value"])) == [(FAULT, "numerics.check_fail", 2)]
+
+
+def test_error_and_inconclusive_rows_under_a_fault_are_not_a_catch(tmp_path, monkeypatch):
+    _inject(monkeypatch, {None: GOOD, FAULT: (1, _rows("numerics", ["pass", "error", "inconclusive"]))})
+    code, df = _selftest(tmp_path)
+    fault = _row(df, "fault_caught")
+    assert code == 1 and (fault["status"], fault["value"]) == ("fail", 0)
+    assert "NOT caught" in fault["detail"] and "2 error or inconclusive rows, not catches" in fault["detail"]
+    assert not len(df[df["check"] == "failed_check"])  # nothing caught it: no catch in the matrix
+
+
+def test_an_error_row_on_the_healthy_device_fails_it(tmp_path, monkeypatch):
+    _inject(monkeypatch, {None: (1, _rows("numerics", ["pass", "error"])), FAULT: CAUGHT})
+    code, df = _selftest(tmp_path)
+    healthy = _row(df, "healthy_false_failures")
+    assert code == 1 and (healthy["status"], healthy["value"]) == ("fail", 1)
+    hits = df[(df["check"] == "failed_check") & (df["subject"] == st.HEALTHY)]
+    assert list(zip(hits["metric"], hits["value"])) == [("numerics.check_error", 1)]
+
+
+def test_qualify_failing_with_no_failed_row_fails_the_healthy_run(tmp_path, monkeypatch):
+    """A validator that failed to import: pytest fails its item, no row says so."""
+    _inject(monkeypatch, {None: (1, _rows("numerics", ["pass"])), FAULT: CAUGHT})
+    code, df = _selftest(tmp_path)
+    healthy = _row(df, "healthy_false_failures")
+    assert code == 1 and (healthy["status"], healthy["value"]) == ("fail", 1)
+    assert "qualify failed with no failed row" in healthy["detail"]
+
+
+def test_a_qualification_that_did_not_finish_fails_the_healthy_run(tmp_path, monkeypatch):
+    _inject(monkeypatch, {None: MystiqueError("pytest failed internally during qualification"), FAULT: CAUGHT})
+    code, df = _selftest(tmp_path)
+    healthy = _row(df, "healthy_false_failures")
+    assert code == 1 and (healthy["status"], healthy["value"]) == ("fail", 1)
+    assert "did not finish: pytest failed internally" in healthy["detail"]
+
+
+def test_a_suite_without_rows_fails_the_healthy_run(tmp_path, monkeypatch):
+    _inject(monkeypatch, {None: GOOD, FAULT: CAUGHT})
+    code, df = _selftest(tmp_path, validators=("numerics", "correctness"))
+    healthy = _row(df, "healthy_false_failures")
+    assert code == 1 and (healthy["status"], healthy["value"]) == ("fail", 1)
+    assert "no rows from suite correctness" in healthy["detail"]
+
+
+def test_a_healthy_run_that_checked_nothing_fails(tmp_path, monkeypatch):
+    _inject(monkeypatch, {None: (3, _rows("numerics", ["info", "skip"])), FAULT: CAUGHT})
+    code, df = _selftest(tmp_path)
+    healthy = _row(df, "healthy_false_failures")
+    assert code == 1 and (healthy["status"], healthy["value"]) == ("fail", 1)
+    assert "qualify exited 3 (nothing checked)" in healthy["detail"]
+
+
+@pytest.mark.parametrize("spec, validators, expected", [
+    (None, None, ("numerics", "soft_errors", "correctness", "performance")),
+    ("throttle", None, ("performance",)),
+    ("wrong_gelu", None, ("numerics", "soft_errors", "correctness")),
+    (None, ["numerics", "mypkg.checks"], ("numerics",)),
+])
+def test_the_suites_each_run_must_produce(spec, validators, expected):
+    assert st.expected_suites(spec, validators) == expected
+
+
+def _shown(obj):
+    """A section's blocks without the hover titles (which quote the details for people)."""
+    if isinstance(obj, dict):
+        return {k: _shown(v) for k, v in obj.items() if k != "title"}
+    if isinstance(obj, (list, tuple)):
+        return [_shown(v) for v in obj]
+    return obj
+
+
+def _section(df: pd.DataFrame) -> list:
+    from mystique.reports.blocks import Ids
+    from mystique.reports.sections import selftest as section
+    from mystique.reports.sections.base import SuiteRows
+
+    return _shown(section.blocks(SuiteRows(df.assign(run="r", run_no=1), multi=False, ids=Ids())))
+
+
+def test_the_report_matrix_reads_columns_not_details(tmp_path, monkeypatch):
+    """Rewording every detail changes neither the verdict line nor a cell of the fault x check matrix."""
+    _inject(monkeypatch, {None: (1, _rows("numerics", ["pass", "inconclusive"])), FAULT: CAUGHT})
+    _, df = _selftest(tmp_path)
+    shown = _section(df)
+    text = repr(shown)
+    assert "numerics.check_inconclusive" in text and "numerics.check_fail" in text and "selftest-verdict bad" in text
+    assert _section(df.assign(detail="x")) == shown
