@@ -68,6 +68,7 @@ def _caught_by(df: pd.DataFrame, fault: str) -> list[str]:
     return list(df.loc[(df["check"] == "failed_check") & (df["subject"] == fault), "metric"])
 
 
+@pytest.mark.slow  # ten quick qualifications end to end (minutes): the verdict logic is tests/test_selftest_verdict.py
 def test_selftest_under_the_cuda_emulation_passes_healthy_and_catches_every_fault(tmp_path: Path):
     """What the H100 of 2026-11-25 failed: 29 false failures. Under the emulation of its legal
     differences the healthy run must show none, every built-in fault must still be caught, and each
@@ -91,6 +92,7 @@ def test_selftest_on_cuda(tmp_path: Path):
     _selftest_passes(tmp_path / "st", "--device", "cuda")
 
 
+@pytest.mark.slow  # three numerics qualifications end to end; tests/test_selftest_verdict.py holds the rule
 def test_a_fault_that_is_not_caught_fails_the_selftest(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     pkg = tmp_path / "harmless_pkg"
     pkg.mkdir()
