@@ -121,16 +121,44 @@ def resolve_step(
     return step, {"kind": "user", "function": target, "config": None, "mode": None}
 
 
-def rebuild_step(original: dict[str, Any], device: str) -> Callable[[], Any]:
+class StepNotImported(UsageError):
+    """A plan or capture folder names a ``package.module:function`` step that nobody named on the
+    command line: it is data, never imported (:func:`rebuild_step`)."""
+
+
+def is_step_target(target: Any) -> bool:
+    """Whether ``target`` is a built-in workload name or a well-formed ``package.module:function``."""
+    return isinstance(target, str) and (target in workloads.names() or _USER_TARGET.match(target) is not None)
+
+
+def shown_target(target: Any) -> str:
+    """A step target read from a plan or capture folder, for a one-line message: itself when it is a
+    built-in workload name or a well-formed ``package.module:function``, else a description."""
+    if is_step_target(target):
+        return target
+    return "a step that is neither a built-in workload nor package.module:function"
+
+
+def rebuild_step(original: dict[str, Any], device: str, user_step: str | None = None) -> Callable[[], Any]:
     """The captured step, built again in this process on ``device``, from the description a plan
     keeps of its ``capture.json`` (``metadata["original_step"]``: target, config, mode, dtype, seed;
-    see :func:`mystique.replay.plan.capture_original_step`). A built-in workload gets the same
-    weights and batch (same seed); a user's ``package.module:function`` factory is called again
-    after ``torch.manual_seed(seed)``. UsageError when the target cannot be imported or built,
-    EnvironmentUnsupported when it does not fit the device."""
-    target = original.get("target")
+    see :func:`mystique.replay.plan.capture_original_step`).
+
+    A plan or capture folder is data, so what it names is never imported: its target is rebuilt only
+    when it is a built-in workload (the registry's name; config, mode and dtype checked by
+    :func:`mystique.workloads.make_step`), with the same weights and batch (same seed). A user's
+    ``package.module:function`` factory is imported and called (after ``torch.manual_seed(seed)``)
+    only when the user names it, ``user_step`` (``mystique replay --original``); a plan naming one
+    otherwise raises :class:`StepNotImported`. UsageError when the target cannot be imported or
+    built, EnvironmentUnsupported when it does not fit the device."""
+    target = user_step if user_step is not None else original.get("target")
     if not isinstance(target, str) or not target:
         raise UsageError("the capture description names no target")
+    if user_step is None and target not in workloads.names():
+        shown = shown_target(target)
+        raise StepNotImported(f"original step {shown} named by the capture is not imported (a plan is data); "
+                              f"pass --original {shown if _USER_TARGET.match(shown) else 'MODULE:FUNCTION'} "
+                              "to time it paired")
     dtype = original.get("dtype") or "float32"
     step, _described = resolve_step(target, config=original.get("config") or "debug",
                                     mode=original.get("mode") or "train", device=device, dtype=dtype,

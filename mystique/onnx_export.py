@@ -46,7 +46,7 @@ from torch import nn
 
 from .errors import EnvironmentUnsupported, UsageError
 from .replay.onnx_plan import PlanModule
-from .replay.runtime import ReplayError, check_plan, load_plan
+from .replay.runtime import ReplayError, check_plan, load_plan, plan_refusal
 
 INSTALL_HINT = "pip install 'mystique-suite[onnx]'"
 ONNX_PACKAGES = ("onnx", "onnxscript", "onnxruntime")
@@ -525,6 +525,15 @@ def export_workload(name: str, config: str, out_path: str | os.PathLike, *, dtyp
 
 
 def _load_plan(plan_or_bench_dir: Any) -> dict[str, Any]:
+    """The plan's data, checked: its header, and no operator the operator policy refuses."""
+    plan = _read_plan(plan_or_bench_dir)
+    refused = plan_refusal(plan["ops"])
+    if refused:
+        raise UsageError(refused)
+    return plan
+
+
+def _read_plan(plan_or_bench_dir: Any) -> dict[str, Any]:
     if isinstance(plan_or_bench_dir, dict):
         try:
             return check_plan(plan_or_bench_dir)
@@ -532,7 +541,7 @@ def _load_plan(plan_or_bench_dir: Any) -> dict[str, Any]:
             raise UsageError(f"not a benchmark plan: {exc}") from exc
     data = getattr(plan_or_bench_dir, "data", None)
     if isinstance(data, dict):
-        return _load_plan(data)
+        return _read_plan(data)
     p = Path(plan_or_bench_dir)
     if p.is_dir():
         p = p / "benchmark.json"

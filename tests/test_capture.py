@@ -75,14 +75,20 @@ def test_the_captured_step_is_rebuilt_from_what_the_plan_keeps_of_capture_json(t
     ref = make_step("dlrm", "debug", "infer", seed=3).fn()
     got = rebuild_step(spec, "cpu")()
     torch.testing.assert_close(got, ref)
-    user = rebuild_step({"target": "user_steps:tiny_mlp", "kind": "user", "config": None, "mode": None,
-                         "dtype": None, "seed": 0}, "cpu")
+    user_spec = {"target": "user_steps:tiny_mlp", "kind": "user", "config": None, "mode": None, "dtype": None,
+                 "seed": 0}
+    user = rebuild_step(user_spec, "cpu", "user_steps:tiny_mlp")  # the user names it (replay --original)
     assert isinstance(user(), float)
+    # a step that only the plan names is data: never imported
+    from mystique.capture import StepNotImported
+
+    with pytest.raises(StepNotImported, match="pass --original user_steps:tiny_mlp"):
+        rebuild_step(user_spec, "cpu")
     # a multi-rank capture's step needs its process group: not described for rebuilding
     assert capture_original_step({**meta, "distributed": {"rank": 0}}) is None
     assert capture_original_step(None) is None and capture_original_step({"kind": "user"}) is None
     with pytest.raises(UsageError):
-        rebuild_step({"target": "no_such_module_xyz:step", "kind": "user"}, "cpu")
+        rebuild_step({"target": "no_such_module_xyz:step", "kind": "user"}, "cpu", "no_such_module_xyz:step")
 
 
 def test_integral_tensor_ranges_are_recorded(tmp_path):

@@ -28,11 +28,14 @@ def trace_dir(tmp_path_factory) -> Path:
 
 # paired timing in tests: a short cap and a loose half-width keep each replay a few seconds
 FAST = ("--time-cap", "1", "--half-width", "0.5", "--iters", "6", "--warmup", "1")
+# a user's step is data in a capture folder: it is imported (and timed paired) only when named here
+USER_STEP = "user_steps:tiny_mlp"
+ORIG = ("--original", USER_STEP)
 
 
 def test_replay_of_a_trace_dir_is_paired_with_the_rebuilt_step(trace_dir, tmp_path, cli_run):
     out = tmp_path / "r"
-    code, stdout, _ = cli_run("-q", "replay", str(trace_dir), "-o", str(out), *FAST)
+    code, stdout, _ = cli_run("-q", "replay", str(trace_dir), "-o", str(out), *FAST, *ORIG)
     assert "ops replayed" in stdout and "paired" in stdout
     summary = json.loads((out / "summary.json").read_text())
     assert tuple(summary) == SUMMARY_KEYS and tuple(summary)[:8] == DESIGN_SUMMARY_KEYS
@@ -282,7 +285,7 @@ def test_benchmark_generated_from_a_trace_dir_keeps_the_original_step_time(trace
     assert plan["metadata"]["original_step"] == {"target": "user_steps:tiny_mlp", "kind": "user", "config": None,
                                                  "mode": None, "dtype": None, "seed": 0, "device": "cpu",
                                                  "threads": cap["threads"]}
-    cli_run("-q", "replay", str(bench / "benchmark.json"), "-o", str(tmp_path / "r"), *FAST)
+    cli_run("-q", "replay", str(bench / "benchmark.json"), "-o", str(tmp_path / "r"), *FAST, *ORIG)
     s = json.loads((tmp_path / "r" / "summary.json").read_text())
     assert s["recorded_original_step_ms"] == pytest.approx(cap["step_time"]["median_ms"])
     assert s["ratio_kind"] == "paired" and isinstance(s["ratio"], float) and s["ratio_low"] <= s["ratio_high"]
@@ -376,7 +379,8 @@ def test_replay_runs_with_the_plan_threads_and_restores_torch_setting(trace_dir,
     before = torch.get_num_threads()
     bench, plan = _bench_with_threads(trace_dir, tmp_path, 1)
     assert plan.metadata["original_threads"] == json.loads((trace_dir / "capture.json").read_text())["threads"]
-    summary, df = replay(bench, tmp_path / "r", iters=6, warmup=0, op_iters=1, time_cap=0.5, half_width=0.5)
+    summary, df = replay(bench, tmp_path / "r", iters=6, warmup=0, op_iters=1, time_cap=0.5, half_width=0.5,
+                         original=USER_STEP)
     assert seen == {"a": {1}, "b": {1}} and summary["timing"]["threads"] == 1
     assert torch.get_num_threads() == before
     detail = df.set_index(["check", "metric"]).loc[("replay_step_time", "median_ms"), "detail"]
@@ -422,7 +426,7 @@ def test_the_ratio_verdict_comes_from_the_paired_interval(trace_dir, tmp_path, c
 
     monkeypatch.setattr(fidelity, "paired_rounds", _fake_rounds(ratios))
     out = tmp_path / "r"
-    got, stdout, _ = cli_run("-q", "replay", str(trace_dir), "-o", str(out), "--iters", "2", "--warmup", "0")
+    got, stdout, _ = cli_run("-q", "replay", str(trace_dir), "-o", str(out), "--iters", "2", "--warmup", "0", *ORIG)
     s = json.loads((out / "summary.json").read_text())
     lo, hi = median_interval(ratios)
     assert (s["ratio_low"], s["ratio_high"]) == (pytest.approx(lo), pytest.approx(hi))
@@ -447,7 +451,7 @@ def test_a_step_the_replay_cannot_reproduce_in_time_fails(tmp_path, cli_run, mon
 
     cap = capture("sleepy_steps:sleepy", tmp_path / "cap", steps=3, warmup=1)
     out = tmp_path / "r"
-    code, stdout, _ = cli_run("-q", "replay", str(cap), "-o", str(out), *FAST)
+    code, stdout, _ = cli_run("-q", "replay", str(cap), "-o", str(out), *FAST, "--original", "sleepy_steps:sleepy")
     s = json.loads((out / "summary.json").read_text())
     assert s["ratio_kind"] == "paired" and s["ratio_high"] < 0.5 and s["verdict"] == "fail" and code == 1
     assert s["original_step_ms"] >= 20.0
@@ -549,7 +553,8 @@ def test_paired_rounds_on_a_busy_host_use_the_free_cores_on_both_sides(trace_dir
     seen = set()
     _spy_round_threads(monkeypatch, lambda key, n: seen.add(n))
     before = torch.get_num_threads()
-    s, df = replay(bench, tmp_path / "r", iters=6, warmup=0, op_iters=1, time_cap=0.5, half_width=0.5)
+    s, df = replay(bench, tmp_path / "r", iters=6, warmup=0, op_iters=1, time_cap=0.5, half_width=0.5,
+                   original=USER_STEP)
     t = s["timing"]
     assert seen == {1} and t["threads"] == 1 and t["threads_captured"] == 2 and t["cores_busy_other"] == 1.0
     assert "busy with other processes" in t["threads_reason"] and torch.get_num_threads() == before
@@ -557,7 +562,8 @@ def test_paired_rounds_on_a_busy_host_use_the_free_cores_on_both_sides(trace_dir
     assert "1 CPU threads (captured with 2), 1.0 of the host's cores busy" in detail
     # asked for a thread count: kept, whatever the host's load
     seen.clear()
-    s, _ = replay(bench, tmp_path / "r2", iters=6, warmup=0, op_iters=1, time_cap=0.5, half_width=0.5, threads=2)
+    s, _ = replay(bench, tmp_path / "r2", iters=6, warmup=0, op_iters=1, time_cap=0.5, half_width=0.5, threads=2,
+                  original=USER_STEP)
     assert seen == {2} and s["timing"]["threads"] == 2 and s["timing"]["threads_reason"] == "as asked (threads=)"
 
 
@@ -593,7 +599,8 @@ def test_paired_rounds_start_again_with_fewer_threads_when_the_host_gets_busy(tr
     seen = []
     _spy_round_threads(monkeypatch, lambda key, n: seen.append(n))
     before = torch.get_num_threads()
-    s, _ = replay(bench, tmp_path / "r", iters=6, warmup=0, op_iters=1, time_cap=0.5, half_width=0.5)
+    s, _ = replay(bench, tmp_path / "r", iters=6, warmup=0, op_iters=1, time_cap=0.5, half_width=0.5,
+                  original=USER_STEP)
     t = s["timing"]
     assert seen[:2] == [2, 2] and seen[-1] == 1 and t["threads"] == 1 and t["threads_captured"] == 2
     assert t["restarts"] == [{"after_s": 3.0, "threads_from": 2, "threads_to": 1, "cores_busy_other": 1.1}]
@@ -652,11 +659,12 @@ def test_a_step_that_cannot_be_rebuilt_falls_back_to_recorded_timing(tmp_path, c
 
     monkeypatch.setattr(mod, "step", broken)
     out = tmp_path / "r"
-    code, _, _ = cli_run("-q", "replay", str(cap), "-o", str(out), "--iters", "2", "--warmup", "0")
+    flaky = ("--original", "flaky_steps:step")
+    code, _, _ = cli_run("-q", "replay", str(cap), "-o", str(out), "--iters", "2", "--warmup", "0", *flaky)
     s = json.loads((out / "summary.json").read_text())
     assert code == 0 and s["ratio_kind"] == "recorded"
     assert "cannot rebuild flaky_steps:step: ValueError: the dataset is gone" in s["timing"]["why_not_paired"]
-    code, _, err = cli_run("-q", "replay", str(cap), "-o", str(tmp_path / "r2"), "--timing", "paired")
+    code, _, err = cli_run("-q", "replay", str(cap), "-o", str(tmp_path / "r2"), "--timing", "paired", *flaky)
     assert code == 2 and "--timing paired: cannot rebuild" in err
 
 

@@ -31,16 +31,22 @@ from .group import cli
 @options.pacing
 @options.threads
 @options.allow_ops
+@click.option("--original", default=None, metavar="MODULE:FUNCTION",
+              help="The captured step to time the replay against (paired), when it is a package.module:function "
+              "factory: a step that the benchmark or capture folder names is imported only when given here (a "
+              "built-in workload is rebuilt from its name).")
 def replay_cmd(source, output, device, iters, warmup, iteration, seed, force, timeout, world_size, backend,
-               timing, half_width, time_cap, pacing, threads, allow_ops) -> int:
+               timing, half_width, time_cap, pacing, threads, allow_ops, original) -> int:
     """Replay BENCH_OR_TRACE (benchmark dir, benchmark.json, trace dir or ET file) with synthetic data.
 
     Writes OUT_DIR/ops.csv, OUT_DIR/summary.json and OUT_DIR/results.csv. Where the captured step
-    can be rebuilt (a capture dir, or a benchmark generated from one), the replay alternates with it
-    in this process and the ratio replay/original is the median of paired rounds with a 95%
-    interval: pass when the interval lies within 0.90-1.10, fail outside, inconclusive (exit 1)
-    when it straddles. --iters is then the least number of rounds and --warmup the least number of
-    warm-up rounds. Elsewhere the ratio is against the recorded original, a measurement.
+    can be rebuilt (a capture dir, or a benchmark generated from one, of a built-in workload; a user's
+    package.module:function step only when named with --original: a benchmark or trace is data, and
+    what it names is never imported), the replay alternates with it in this process and the ratio
+    replay/original is the median of paired rounds with a 95% interval: pass when the interval lies
+    within 0.90-1.10, fail outside, inconclusive (exit 1) when it straddles. --iters is then the
+    least number of rounds and --warmup the least number of warm-up rounds. Elsewhere the ratio is
+    against the recorded original, a measurement.
 
     A multi-rank trace (a folder of rank-K/ trace dirs or of per-rank ET files named ...K.json)
     replays with one process per rank: OUT_DIR/rank-K/ per rank, OUT_DIR/collectives.csv and a
@@ -57,9 +63,9 @@ def replay_cmd(source, output, device, iters, warmup, iteration, seed, force, ti
             raise UsageError("--timing paired, --pacing and --threads apply to single-process replays; a multi-rank "
                              "replay compares with the recorded step times")
 
-        if allow_ops:
-            raise UsageError("--allow-ops applies to single-process replays; a multi-rank replay calls the operators "
-                             "of the allowed namespaces only")
+        if allow_ops or original:
+            raise UsageError("--allow-ops and --original apply to single-process replays; a multi-rank replay calls "
+                             "the operators of the allowed namespaces only, timed against the recorded steps")
 
         summary, df = replay_distributed(source, output, device=device, iters=iters, warmup=warmup,
                                          iteration=iteration, seed=seed, force=force, world_size=world_size,
@@ -75,7 +81,7 @@ def replay_cmd(source, output, device, iters, warmup, iteration, seed, force, ti
 
     summary, df = replay(source, output, device=device, iters=iters, warmup=warmup, iteration=iteration,
                          force=force, seed=seed, timing=timing, half_width=half_width, time_cap=time_cap,
-                         pacing=pacing, threads=threads, allow_ops=allow_ops)
+                         pacing=pacing, threads=threads, allow_ops=allow_ops, original=original)
     click.echo(
         f"{summary['ops_replayed']}/{summary['ops_total']} ops replayed (coverage {summary['coverage']:.3f}); "
         f"step {summary['replay_step_ms']:.3f} ms{ratio_words(summary)}; results in {output}"

@@ -16,11 +16,13 @@ from typing import Any
 
 import torch
 
+from ..errors import UsageError
+from ..io import show
 from ..trace.model import Arg, Node, TensorRef, Trace
 from .classify import resolve
 from .recipes import FLOAT_DTYPES, DataRecipes
 from .runtime.format import LAYOUTS, MEMORY_FORMATS, SCALAR_TYPES, contiguous_strides, extent
-from .runtime.schemas import Schema
+from .runtime.schemas import Schema, policy_refusal
 
 
 def _tensor_key(t: TensorRef) -> tuple:
@@ -216,8 +218,12 @@ class PlanBuilder:
         return v
 
     def build_op(self, index: int, node: Node, kineto: dict[int, float] | None) -> dict[str, Any]:
-        """The plan op of outermost ``node`` (``kineto``: rf_id -> recorded host time in us)."""
+        """The plan op of outermost ``node`` (``kineto``: rf_id -> recorded host time in us); UsageError
+        when it calls an operator the operator policy refuses (a trace is data, not a program)."""
         action, reason, schema_text, sch = resolve(node, self.allow_ops)
+        refused = policy_refusal(sch.qualified, self.allow_ops) if action == "call" and sch is not None else ""
+        if refused:
+            raise UsageError(f"trace node {node.id} ({show(node.name)[:60]}): {refused}")
         in_keys: dict[tuple, int] = {}
         in_storages: set[int] = set()
 

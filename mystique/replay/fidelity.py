@@ -2,7 +2,8 @@
 
 **Paired** (the default where the original can run): the captured step is rebuilt in this process
 (:func:`mystique.capture.rebuild_step`: a built-in workload with the captured config, mode, dtype
-and seed, or the user's ``package.module:function`` factory called again), and it alternates with
+and seed, or the ``package.module:function`` factory the user names with ``--original``; a factory
+that only the plan or capture folder names is data, never imported), and it alternates with
 the replayed plan in ABBA rounds (:func:`mystique.timing.paired_rounds`) under the same thread
 count, allocator and host load. The figure is the median paired ratio replay / original with its
 95% interval, and the verdict comes from the interval (:func:`mystique.timing.verdict`).
@@ -26,7 +27,7 @@ from typing import Any
 
 import torch
 
-from ..capture import rebuild_step
+from ..capture import StepNotImported, rebuild_step, shown_target
 from ..errors import EnvironmentUnsupported, UsageError
 from ..timing import Paired, loadavg, paired_rounds
 from ..timing import verdict as interval_verdict
@@ -50,10 +51,15 @@ def original_step(plan: Plan) -> dict[str, Any] | None:
     return spec if isinstance(spec, dict) and spec.get("target") else None
 
 
-def why_not_paired(plan: Plan, device: str, collective_handler: CollectiveHandler | None = None) -> str | None:
+def why_not_paired(plan: Plan, device: str, collective_handler: CollectiveHandler | None = None,
+                   original: str | None = None) -> str | None:
     """Why the original step cannot run beside this replay (None: it can, as far as the plan says);
-    ``collective_handler``: the replay's (a multi-rank replay, whose original step needs its process group)."""
+    ``collective_handler``: the replay's (a multi-rank replay, whose original step needs its process
+    group); ``original``: the ``package.module:function`` the user named (``--original``), which
+    stands in where the plan describes no step."""
     spec = original_step(plan)
+    if spec is None and original is not None and not plan.metadata.get("obfuscated"):
+        spec = {"target": original, "device": device}  # the user's own step, built on this device
     if plan.metadata.get("obfuscated"):
         return "an obfuscated benchmark does not name the captured step"
     if spec is None:
@@ -74,27 +80,31 @@ def why_not_paired(plan: Plan, device: str, collective_handler: CollectiveHandle
     return None
 
 
-def rebuild_original(plan: Plan, device: str, timing: str,
-                     collective_handler: CollectiveHandler | None = None) -> tuple[Callable[[], Any] | None, str]:
+def rebuild_original(plan: Plan, device: str, timing: str, collective_handler: CollectiveHandler | None = None,
+                     original: str | None = None) -> tuple[Callable[[], Any] | None, str]:
     """``(step, "")`` when the original step is rebuilt here for paired timing, else ``(None, why)``.
 
     ``timing``: ``auto`` (paired where possible), ``paired`` (UsageError when impossible) or
-    ``recorded`` (never rebuilt); ``collective_handler``: see :func:`why_not_paired`.
+    ``recorded`` (never rebuilt); ``collective_handler``: see :func:`why_not_paired`; ``original``:
+    the ``package.module:function`` the user named (``--original``). A step the plan names that is
+    not a built-in workload is never imported: ``why`` says to pass ``--original`` (the hint).
     """
     if timing not in TIMINGS:
         raise UsageError(f"unknown timing {timing!r}; expected one of {', '.join(TIMINGS)}")
     if timing == "recorded":
         return None, "--timing recorded"
-    why = why_not_paired(plan, device, collective_handler)
+    why = why_not_paired(plan, device, collective_handler, original)
     if why is None:
-        spec = original_step(plan)
-        assert spec is not None
+        spec = original_step(plan) or {"target": original}
+        shown = original or shown_target(spec.get("target"))
         try:
-            return rebuild_step(spec, device), ""
+            return rebuild_step(spec, device, original), ""
+        except StepNotImported as exc:
+            why = str(exc)
         except (UsageError, EnvironmentUnsupported) as exc:
-            why = f"cannot rebuild {spec.get('target')}: {exc}"
+            why = f"cannot rebuild {shown}: {exc}"
         except Exception as exc:  # noqa: BLE001 - the user's factory, or out of device memory beside the plan
-            why = f"cannot rebuild {spec.get('target')}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            why = f"cannot rebuild {shown}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
     if timing == "paired":
         raise UsageError(f"--timing paired: {why}")
     return None, why

@@ -44,6 +44,7 @@ from .builder import PlanBuilder, finite, original_device
 from .capture_info import capture_original_step, capture_step_ms, capture_subject, find_kineto, read_capture
 from .plan_check import plan_problem
 from .runtime.format import PLAN_FORMAT, PLAN_VERSION, ReplayError, load_plan, op_input_ids, op_output_ids
+from .runtime.schemas import plan_refusal
 
 
 @dataclass
@@ -81,8 +82,9 @@ class Plan:
         return atomic_write_text(path, self.to_json() + "\n")
 
     @classmethod
-    def load(cls, path: str | os.PathLike) -> Plan:
-        """Read a ``benchmark.json`` (UsageError when missing or not a plan)."""
+    def load(cls, path: str | os.PathLike, allow_ops: Sequence[str] = ()) -> Plan:
+        """Read a ``benchmark.json`` (UsageError when missing, not a plan, or calling an operator the
+        operator policy refuses and no pattern of ``allow_ops`` allows: :func:`runtime.plan_refusal`)."""
         p = Path(path)
         if not p.exists():
             raise UsageError(f"{show(p)} does not exist")
@@ -95,6 +97,9 @@ class Plan:
         problem = plan_problem(data)
         if problem:
             raise UsageError(f"{show(p)}: malformed benchmark plan: {problem}")
+        refused = plan_refusal(data["ops"], allow_ops)
+        if refused:
+            raise UsageError(f"{show(p)}: {refused}")
         return cls(data)
 
     def copy(self) -> Plan:
@@ -261,7 +266,7 @@ def plan_from_path(path: str | os.PathLike, iteration: int | None = None,
     if p.is_file() and p.name.endswith(".json") and _looks_like_plan(p):
         if iteration is not None:
             raise UsageError("--iteration applies to traces; a benchmark holds one iteration already")
-        return Plan.load(p), "benchmark"
+        return Plan.load(p, allow_ops), "benchmark"
     trace = load_trace(p)
     kin = find_kineto(p)
     kineto = None

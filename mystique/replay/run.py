@@ -20,8 +20,9 @@ from typing import Any
 
 import torch
 
+from ..capture import is_step_target
 from ..errors import EnvironmentUnsupported, UsageError
-from ..io import atomic_write_text, check_output_dir, staged_output_dir
+from ..io import atomic_write_text, check_output_dir, show, staged_output_dir
 from ..progress import Progress
 from ..results import write_csv
 from ..targets import make_target
@@ -93,6 +94,7 @@ class _Options:
     threads: int | None
     allow_ops: Sequence[str]
     collective_handler: CollectiveHandler | None
+    original: str | None = None  # --original: the user's package.module:function step to pair with
 
     def check(self) -> None:
         if self.iters < 1 or self.warmup < 0:
@@ -105,6 +107,8 @@ class _Options:
             raise UsageError(f"unknown pacing {self.pacing!r}; expected one of {', '.join(PACINGS)}")
         if not (self.half_width > 0 and self.time_cap > 0):
             raise UsageError("--half-width and --time-cap must be positive")
+        if self.original is not None and not is_step_target(self.original):
+            raise UsageError(f"--original {show(self.original)}: expected package.module:function or a built-in workload")
 
     def reproduce(self, source: Any, device: str) -> str:
         """The command line that reruns this replay."""
@@ -113,14 +117,15 @@ class _Options:
             timing=self.timing if self.timing != "auto" else None,
             pacing=self.pacing if self.pacing != "none" else None, threads=self.threads,
             half_width=self.half_width if self.half_width != DEFAULT_HALF_WIDTH else None,
-            time_cap=self.time_cap if self.time_cap != DEFAULT_TIME_CAP_S else None, allow_ops=list(self.allow_ops))
+            time_cap=self.time_cap if self.time_cap != DEFAULT_TIME_CAP_S else None, allow_ops=list(self.allow_ops),
+            original=self.original)
 
 
 def replay(source: str | os.PathLike, out_dir: str | os.PathLike, *, device: str = "cpu", iters: int = 10,
            warmup: int = 3, iteration: int | None = None, force: bool = False, op_iters: int | None = None,
            seed: int = 0, threads: int | None = None, timing: str = "auto", half_width: float = DEFAULT_HALF_WIDTH,
            time_cap: float = DEFAULT_TIME_CAP_S, pacing: str = "none", allow_ops: Sequence[str] = (),
-           collective_handler: CollectiveHandler | None = None) -> tuple[dict[str, Any], Any]:
+           collective_handler: CollectiveHandler | None = None, original: str | None = None) -> tuple[dict[str, Any], Any]:
     """Replay a benchmark dir / ``benchmark.json`` / trace dir / ET file on ``device``.
 
     Runs one untimed probe iteration, then times the replay:
@@ -140,12 +145,14 @@ def replay(source: str | os.PathLike, out_dir: str | os.PathLike, *, device: str
     executor (``none``: ops back to back), as do ``allow_ops`` (with the plan builder: fnmatch
     patterns of operators outside ``runtime.ALLOWED_OP_NAMESPACES`` to call, else skipped) and
     ``collective_handler`` (a multi-rank replay's collectives; the original step is then not
-    rebuilt). Returns ``(summary, results DataFrame)`` and writes ops.csv, summary.json and
+    rebuilt). ``original``: the ``package.module:function`` step to pair with (``--original``); a
+    step the plan names is rebuilt only when it is a built-in workload, never imported (the plan is
+    data). Returns ``(summary, results DataFrame)`` and writes ops.csv, summary.json and
     results.csv into ``out_dir``.
     """
     o = _Options(iters=iters, warmup=warmup, force=force, op_iters=op_iters, seed=seed, timing=timing,
                  half_width=half_width, time_cap=time_cap, pacing=pacing, threads=threads, allow_ops=allow_ops,
-                 collective_handler=collective_handler)
+                 collective_handler=collective_handler, original=original)
     o.check()
     check_output_dir(out_dir, force)
     target = make_target(device)
@@ -228,13 +235,13 @@ def _paired_timing(plan: Plan, e: Executor, target: Any, prog: Progress,
                    o: _Options) -> tuple[Paired | None, str, dict[str, Any], int]:
     """``(paired rounds or None, why not paired, threads note, threads the rounds ran with)``: the replay
     alternated with the original step rebuilt here, where it can be (see :func:`replay`)."""
-    original, why = rebuild_original(plan, target.device, o.timing, o.collective_handler)
+    original, why = rebuild_original(plan, target.device, o.timing, o.collective_handler, o.original)
     paired_threads = torch.get_num_threads()
     if original is None:
         return None, why, {}, paired_threads
     spec = original_step(plan) or {}
-    prog.note(f"paired timing: the replay alternates with {spec.get('target')} rebuilt here (ABBA rounds, "
-              f"until the 95% interval is within {o.half_width:.1%} or {o.time_cap:g} s)")
+    prog.note(f"paired timing: the replay alternates with {o.original or spec.get('target')} rebuilt here "
+              f"(ABBA rounds, until the 95% interval is within {o.half_width:.1%} or {o.time_cap:g} s)")
     set_threads = torch.get_num_threads()
     threads_note = busy_host_threads(target, o.threads, prog.note)
     try:

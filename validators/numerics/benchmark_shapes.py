@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from mystique.errors import UsageError
+from mystique.replay.runtime.format import MAX_PLAN_BYTES_ENV, ReplayError, max_plan_bytes
 
 _GEMM_NAMES = ("aten::mm", "aten::addmm", "aten::bmm", "aten::linear", "aten::matmul", "mm", "addmm", "bmm", "linear")
 
@@ -22,7 +23,14 @@ def benchmark_gemm_shapes(bench_dir: str | Path, full: bool, limit: int = 6) -> 
     path = Path(bench_dir)
     path = path / "benchmark.json" if path.is_dir() else path
     try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
+        limit = max_plan_bytes()  # the cap of every benchmark.json (MYSTIQUE_MAX_TRACE_BYTES)
+        with open(path, "rb") as fh:
+            raw = fh.read(limit + 1)
+        if len(raw) > limit:
+            raise UsageError(f"{path} is larger than {limit} bytes ({MAX_PLAN_BYTES_ENV} raises the cap)")
+        doc = json.loads(raw.decode("utf-8"))
+    except ReplayError as exc:
+        raise UsageError(str(exc)) from exc
     except FileNotFoundError as exc:
         raise UsageError(f"benchmark file {path} does not exist") from exc
     except (OSError, ValueError) as exc:

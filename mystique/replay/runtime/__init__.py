@@ -6,6 +6,7 @@ Standalone: it depends on torch, the standard library and :mod:`mystique.hostinf
 ``benchmark.py``. Its parts:
 
 * :mod:`.format`: the plan format (header, tables, schedule) and the JSON encoding of arguments;
+* :mod:`.policy`: the operator policy: which operators an untrusted plan may call, from their schemas;
 * :mod:`.schemas`: operator schemas, the namespace allow-list and overload resolution;
 * :mod:`.bindings`: the Python binding eager code calls for an overload, verified on meta tensors;
 * :mod:`.storage`: data recipes that fill storages, and the host (memory, threads, allocator);
@@ -19,7 +20,7 @@ Standalone: it depends on torch, the standard library and :mod:`mystique.hostinf
 
 from .bindings import binding_call, python_binding
 from .codegen import CompiledOp, IterationWriter, make_call
-from .executor import PACINGS, CollectiveHandler, Executor, OpStatus, UnknownPacing
+from .executor import PACINGS, CollectiveHandler, Executor, OpStatus, RefusedOperator, UnknownPacing
 from .format import (
     LAYOUTS,
     MEMORY_FORMATS,
@@ -52,6 +53,7 @@ from .interpret import (
     free_lists,
 )
 from .main import main
+from .policy import POLICY_RULES, schema_refusal
 from .schemas import (
     ALLOWED_OP_NAMESPACES,
     COLLECTIVE_NAMES,
@@ -64,6 +66,8 @@ from .schemas import (
     op_refusal,
     overload_schemas,
     parse_schema,
+    plan_refusal,
+    policy_refusal,
     resolve_overload,
 )
 from .storage import (
@@ -78,17 +82,17 @@ from .storage import (
 from .substitutes import DEVICE_SUBSTITUTES, substitute
 
 # The runtime's modules in dependency order: how generate concatenates them into benchmark.py.
-MODULES: tuple[str, ...] = ("format", "schemas", "bindings", "storage", "substitutes", "interpret", "codegen",
+MODULES: tuple[str, ...] = ("format", "policy", "schemas", "bindings", "storage", "substitutes", "interpret", "codegen",
                             "executor", "main")
 
 __all__ = [
     "ALLOWED_OP_NAMESPACES", "COLLECTIVE_NAMES", "COLLECTIVE_PREFIXES", "CUSTOM_OP_MODULES", "DEVICE_SUBSTITUTES",
-    "LAYOUTS", "MEMORY_FORMATS", "MODULES", "NOOP_NAMES", "PACINGS", "PLAN_FORMAT", "PLAN_VERSION", "SCALAR_TYPES",
-    "CollectiveHandler", "CompiledOp", "Executor", "IterationWriter", "PlanInterpreter", "InsufficientMemory", "OpStatus", "ReplayError", "Schema", "SchemaArg",
+    "LAYOUTS", "MEMORY_FORMATS", "MODULES", "NOOP_NAMES", "PACINGS", "PLAN_FORMAT", "PLAN_VERSION", "POLICY_RULES", "SCALAR_TYPES",
+    "CollectiveHandler", "CompiledOp", "Executor", "IterationWriter", "PlanInterpreter", "InsufficientMemory", "OpStatus", "RefusedOperator", "ReplayError", "Schema", "SchemaArg",
     "TensorSlot", "UnknownPacing", "available_memory", "binding_call", "check_plan", "contiguous_strides",
     "decode_call", "decode_value", "draw_ints", "dtype_from_name", "encode_value", "extent", "fill_slots", "fill_storage", "flat_results", "flatten_outputs",
     "flatten_result", "free_lists", "import_namespace",
     "load_plan", "main", "make_call", "op_input_ids", "op_output_ids", "op_refusal", "op_tensor_ids", "overload_schemas",
-    "parse_schema", "prime_host_allocator", "steady_host_allocator", "python_binding", "replay_threads", "resolve_overload", "schedule",
-    "substitute", "synchronize", "walk_tensor_ids",
+    "parse_schema", "plan_refusal", "policy_refusal", "prime_host_allocator", "steady_host_allocator", "python_binding", "replay_threads", "resolve_overload", "schedule",
+    "schema_refusal", "substitute", "synchronize", "walk_tensor_ids",
 ]

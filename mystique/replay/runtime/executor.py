@@ -17,7 +17,7 @@ from .bindings import binding_call
 from .codegen import DATA_DEPENDENT_SHAPES, CompiledOp, IterationWriter, make_call, raw_callable
 from .format import InsufficientMemory, ReplayError, TensorSlot, dtype_from_name, op_input_ids, schedule
 from .interpret import PlanInterpreter, decode_call, flat_results, flatten_outputs, free_lists
-from .schemas import op_refusal, resolve_overload
+from .schemas import op_refusal, plan_refusal, resolve_overload
 from .storage import available_memory, prime_host_allocator, synchronize
 from .substitutes import substitute
 
@@ -52,6 +52,10 @@ class UnknownPacing(ReplayError, ValueError):
     """``pacing`` is not one of :data:`PACINGS`."""
 
 
+class RefusedOperator(ReplayError):
+    """The plan calls an operator the operator policy refuses (:func:`plan_refusal`)."""
+
+
 class Executor(PlanInterpreter):
     """Run a plan on ``device``.
 
@@ -80,7 +84,9 @@ class Executor(PlanInterpreter):
 
     ``allow_ops``: fnmatch patterns (``ns::name``) of operators outside
     :data:`ALLOWED_OP_NAMESPACES` that may be called; any other such op is skipped with the reason
-    (:func:`op_refusal`) and never resolved.
+    (:func:`op_refusal`) and never resolved. A plan that calls an operator the operator policy
+    refuses (files, shared memory, process state, no tensor semantics: :func:`plan_refusal`) and no
+    pattern allows is refused whole: :class:`RefusedOperator` before anything runs.
 
     ``collective_handler``: ``handler(op, executor) -> callable | None``, asked for every op the plan
     skips as a collective; a callable it returns is called in the op's place (None: stays skipped).
@@ -91,6 +97,9 @@ class Executor(PlanInterpreter):
                  allow_ops: Sequence[str] = (), collective_handler: CollectiveHandler | None = None):
         if pacing not in PACINGS:
             raise UnknownPacing(f"unknown pacing {pacing!r}; expected one of: {', '.join(PACINGS)}")
+        refused = plan_refusal(plan.get("ops", []) if isinstance(plan, dict) else [], allow_ops)
+        if refused:
+            raise RefusedOperator(refused)
         super().__init__(plan, device)
         self.seed = seed
         self.check_memory = check_memory

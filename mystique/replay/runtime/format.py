@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -158,11 +159,34 @@ def check_plan(data: Any) -> dict[str, Any]:
     return data
 
 
+#: Largest ``benchmark.json`` read by default: 2 GiB, the cap of a trace (``MYSTIQUE_MAX_TRACE_BYTES``
+#: changes both: bytes, or a number with a K, M, G or T suffix).
+DEFAULT_MAX_PLAN_BYTES = 2 * 1024**3
+MAX_PLAN_BYTES_ENV = "MYSTIQUE_MAX_TRACE_BYTES"
+
+
+def max_plan_bytes() -> int:
+    """The size cap of a ``benchmark.json`` (ReplayError when the variable is not a size)."""
+    raw = os.environ.get(MAX_PLAN_BYTES_ENV)
+    if raw is None or not raw.strip():
+        return DEFAULT_MAX_PLAN_BYTES
+    m = re.fullmatch(r"\s*(\d{1,20})\s*([kmgt]?)i?b?\s*", raw.lower())
+    if not m or int(m.group(1)) <= 0:
+        raise ReplayError(f"{MAX_PLAN_BYTES_ENV}={raw!r} is not a positive size (bytes, or e.g. 4G)")
+    return int(m.group(1)) * 1024 ** " kmgt".index(m.group(2) or " ")
+
+
 def load_plan(path: str | os.PathLike) -> dict[str, Any]:
-    """Read and check a ``benchmark.json`` (ReplayError when it is not one)."""
+    """Read and check a ``benchmark.json`` of at most :func:`max_plan_bytes` (ReplayError when it is
+    not one, or larger)."""
+    cap = max_plan_bytes()
     try:
-        with open(path, encoding="utf-8") as fh:
-            data = json.load(fh)
+        with open(path, "rb") as fh:
+            raw = fh.read(cap + 1)  # never more than the cap, whatever the file claims to hold
+        if len(raw) > cap:
+            raise ReplayError(f"benchmark plan {path} is larger than {cap} bytes "
+                              f"({MAX_PLAN_BYTES_ENV} raises the cap)")
+        data = json.loads(raw.decode("utf-8"))
     except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ReplayError(f"cannot read benchmark plan {path}: {exc}") from exc
     return check_plan(data)

@@ -11,7 +11,7 @@ import torch
 
 from .executor import PACINGS, Executor
 from .format import InsufficientMemory, ReplayError, load_plan
-from .schemas import ALLOWED_OP_NAMESPACES
+from .schemas import ALLOWED_OP_NAMESPACES, plan_refusal
 from .storage import replay_threads
 
 
@@ -33,7 +33,9 @@ def main(argv: Sequence[str] | None = None, default_plan: str | None = None) -> 
                     help="none: ops back to back; recorded: wait the captured step's host gaps between ops")
     ap.add_argument("--allow-ops", dest="allow_ops", action="append", default=[], metavar="PATTERN",
                     help="also call the operators matching PATTERN (fnmatch on ns::name, e.g. 'mylib::*'; "
-                    "repeatable); outside the namespaces " + ", ".join(ALLOWED_OP_NAMESPACES) + " others are skipped")
+                    "repeatable); outside the namespaces " + ", ".join(ALLOWED_OP_NAMESPACES) + " others are skipped, and "
+                    "a plan calling an operator that touches files, shared memory or process state, or has no "
+                    "tensor semantics, is refused")
     ns = ap.parse_args(argv)
     if not ns.plan:
         print("error: no plan given (--plan)", file=sys.stderr)
@@ -45,6 +47,10 @@ def main(argv: Sequence[str] | None = None, default_plan: str | None = None) -> 
         plan = load_plan(ns.plan)
     except ReplayError as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return 2
+    refused = plan_refusal(plan["ops"], ns.allow_ops)  # before anything runs: a plan is data
+    if refused:
+        print(f"error: {refused}", file=sys.stderr)
         return 2
     name = ns.device or plan["metadata"].get("default_device") or "cpu"
     try:

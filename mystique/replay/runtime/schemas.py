@@ -1,5 +1,5 @@
-"""Operator schemas (``ns::op.overload(args) -> ret``), the namespace allow-list and overload
-resolution from ``torch.ops``."""
+"""Operator schemas (``ns::op.overload(args) -> ret``), the namespace allow-list, the operator
+policy (:mod:`.policy`) and overload resolution from ``torch.ops``."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+
+from .policy import schema_refusal
 
 # Modules that register the operators of a custom namespace when imported.
 CUSTOM_OP_MODULES: dict[str, tuple[str, ...]] = {
@@ -175,32 +177,77 @@ def import_namespace(ns: str) -> None:
             pass
 
 
+def _pattern_allows(qualified: str, allow_ops: Sequence[str]) -> bool:
+    """Whether a pattern of ``allow_ops`` (fnmatch, case-sensitive) matches ``ns::name`` or the whole
+    ``qualified``."""
+    short = qualified.split(".", 1)[0]
+    return any(fnmatch.fnmatchcase(short, p) or fnmatch.fnmatchcase(qualified, p) for p in allow_ops)
+
+
 def op_refusal(qualified: str, allow_ops: Sequence[str] = ()) -> str:
     """Why a replay must not call operator ``qualified`` (``ns::name`` or ``ns::name.overload``): its
     namespace is not in :data:`ALLOWED_OP_NAMESPACES` and no pattern of ``allow_ops`` (fnmatch,
     case-sensitive, on ``ns::name`` or on the whole ``qualified``) matches it. "" when it may."""
-    ns, sep, rest = qualified.partition("::")
+    ns, sep, _rest = qualified.partition("::")
     if not sep or ns in ALLOWED_OP_NAMESPACES:
         return ""  # a name without a namespace resolves to no operator anyway
-    short = f"{ns}::{rest.split('.', 1)[0]}"
-    if any(fnmatch.fnmatchcase(short, p) or fnmatch.fnmatchcase(qualified, p) for p in allow_ops):
+    if _pattern_allows(qualified, allow_ops):
         return ""
     return f"namespace {ns!r} not allowed (pass --allow-ops '{ns}::*')"
 
 
-def resolve_overload(qualified: str, allow_ops: Sequence[str] = ()) -> Any:
-    """``"aten::addmm.default"`` -> ``torch.ops.aten.addmm.default`` (None when unavailable, or
-    refused by :func:`op_refusal` with ``allow_ops``)."""
-    if op_refusal(qualified, allow_ops):
-        return None
-    ns, _, rest = qualified.partition("::")
-    name, _, overload = rest.partition(".")
-    overload = overload or "default"
+def _packet(ns_name: str) -> Any:
+    """``torch.ops.ns.name`` (None when this process registers no such operator)."""
+    ns, _, name = ns_name.partition("::")
     if ns not in ("aten", "prims"):
         import_namespace(ns)
     try:
-        packet = getattr(getattr(torch.ops, ns), name)
-        return getattr(packet, overload)
+        return getattr(getattr(torch.ops, ns), name)
+    except (AttributeError, RuntimeError):
+        return None
+
+
+def policy_refusal(qualified: str, allow_ops: Sequence[str] = ()) -> str:
+    """Why the operator policy (:mod:`.policy`) refuses ``qualified`` (``ns::name.overload``; no
+    overload means ``default``, as for :func:`resolve_overload`), judged by the schema this process
+    registers for it; "" when it may run, when a pattern of ``allow_ops`` matches it, when its
+    namespace is not allowed (:func:`op_refusal`: never resolved anyway) or when no such operator
+    exists here."""
+    if "::" not in qualified or op_refusal(qualified) or _pattern_allows(qualified, allow_ops):
+        return ""
+    ns_name, _, overload = qualified.partition(".")
+    packet = _packet(ns_name)
+    try:
+        schema = getattr(packet, overload or "default")._schema if packet is not None else None
+    except (AttributeError, RuntimeError):
+        schema = None
+    why = schema_refusal(schema) if schema is not None else ""
+    if not why:
+        return ""
+    return (f"operator {ns_name}.{overload or 'default'} refused: it {why}; a plan or trace is data, not a "
+            f"program (pass --allow-ops '{ns_name}' to call it)")
+
+
+def plan_refusal(ops: Sequence[Any], allow_ops: Sequence[str] = ()) -> str:
+    """The refusal (:func:`policy_refusal`) of the first op of a plan's ``ops`` that it calls, as
+    ``op K: ...``; "" when the policy allows every one."""
+    for i, op in enumerate(ops if isinstance(ops, list) else []):
+        if isinstance(op, dict) and op.get("action", "call") == "call" and isinstance(op.get("op"), str):
+            why = policy_refusal(op["op"], allow_ops)
+            if why:
+                return f"op {i}: {why}"
+    return ""
+
+
+def resolve_overload(qualified: str, allow_ops: Sequence[str] = ()) -> Any:
+    """``"aten::addmm.default"`` -> ``torch.ops.aten.addmm.default`` (None when unavailable, or
+    refused by :func:`op_refusal` or :func:`policy_refusal` with ``allow_ops``)."""
+    if op_refusal(qualified, allow_ops) or policy_refusal(qualified, allow_ops):
+        return None
+    ns_name, _, overload = qualified.partition(".")
+    packet = _packet(ns_name)
+    try:
+        return getattr(packet, overload or "default") if packet is not None else None
     except (AttributeError, RuntimeError):
         return None
 
@@ -210,12 +257,8 @@ def overload_schemas(ns_name: str, allow_ops: Sequence[str] = ()) -> list[str]:
     if :func:`op_refusal` refuses it with ``allow_ops``)."""
     if op_refusal(ns_name, allow_ops):
         return []
-    ns, _, name = ns_name.partition("::")
-    if ns not in ("aten", "prims"):
-        import_namespace(ns)
-    try:
-        packet = getattr(getattr(torch.ops, ns), name)
-    except (AttributeError, RuntimeError):
+    packet = _packet(ns_name)
+    if packet is None:
         return []
     out = []
     for ov in packet.overloads():
