@@ -110,6 +110,93 @@ def test_bf16_accumulating_gemm_fails_probe_and_bounds():
     assert s["status"].tolist() == ["pass"]
 
 
+class _SequentialHalfSum(TorchDispatchMode):
+    """bf16/fp16 ``sum`` over the last dim added term by term in the dtype (every partial sum rounded)."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        x = args[0] if args else None
+        if func is torch.ops.aten.sum.dim_IntList and isinstance(x, torch.Tensor) and x.dtype in (torch.bfloat16,
+                                                                                                   torch.float16):
+            acc = torch.zeros(x.shape[:-1], dtype=x.dtype)
+            for j in range(x.shape[-1]):
+                acc = acc + x[..., j]
+            return acc
+        return func(*args, **(kwargs or {}))
+
+
+def test_order_dependence_beyond_the_fp32_accumulation_bound_fails():
+    """Issue 30.4: order_dependence was a fact that always passed. Two summation orders of one sum each lie
+    within the fp32-accumulation bound b of the exact result, so they differ by at most 2b: low-precision
+    partial sums (a bf16 GEMM accumulator, a sum kept in the dtype) change with the order far beyond that."""
+    df = numerics.run(Target("cpu", testing.bf16_accumulation, "bf16acc"), groups=["accumulation"], seed=1)
+    order = df[df["check"] == "order_dependence"].set_index(["subject", "dtype"])
+    assert order.loc[("mm", "bfloat16"), "status"] == "fail" and order.loc[("mm", "bfloat16"), "value"] > 1
+    assert order.loc[("mm", "bfloat16"), "threshold"] == 1.0 and "seed=1" in order.loc[("mm", "bfloat16"), "detail"]
+    assert order.loc[("sum", "bfloat16"), "status"] == "pass"  # the mode leaves sum alone
+    df = numerics.run(Target("cpu", _SequentialHalfSum, "seqsum"), groups=["accumulation"], seed=1)
+    order = df[df["check"] == "order_dependence"].set_index(["subject", "dtype"])
+    assert order.loc[("sum", "bfloat16"), "status"] == "fail" and order.loc[("sum", "float16"), "status"] == "fail"
+    assert (order.xs("mm", level="subject")["status"] == "pass").all()
+
+
+def test_a_fact_states_its_own_verdict():
+    """Issue 30.4: ``Ctx.fact`` defaulted ``ok`` to True, so a fact nobody judged passed."""
+    import inspect
+
+    from mystique.validators.numerics._ctx import Ctx
+
+    assert inspect.signature(Ctx.fact).parameters["ok"].default is inspect.Parameter.empty
+
+
+_NO_KERNEL_IMAGE = "CUDA error: no kernel image is available for execution on the device"
+
+
+class _Raises(TorchDispatchMode):
+    """The device raises ``error`` from every call of the op named ``op``."""
+
+    op, error = "exp", RuntimeError(_NO_KERNEL_IMAGE)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.overloadpacket.__name__ == self.op:
+            raise self.error
+        return func(*args, **(kwargs or {}))
+
+
+def _raising(op: str, error: BaseException) -> type:
+    return type("Raising", (_Raises,), {"op": op, "error": error})
+
+
+@pytest.mark.parametrize("error, status", [
+    (RuntimeError(_NO_KERNEL_IMAGE), "error"),  # a broken CUDA install, not a missing operator
+    (RuntimeError("exp: operation not supported"), "error"),
+    (NotImplementedError("the backend gave up"), "error"),
+    (NotImplementedError("\"exp_vml_cpu\" not implemented for 'BFloat16'"), "skip"),
+    (NotImplementedError("Could not run 'aten::exp' with arguments from the 'PrivateUse1' backend. This could be "
+                         "because the operator doesn't exist for this backend"), "skip"),
+])
+def test_only_torchs_not_implemented_is_a_skip_in_the_op_sweep(error, status):
+    """Issue 30.13: any error text with "not supported" or "no kernel image" was a skip."""
+    df = numerics.run(Target("cpu", _raising("exp", error), "raising"), groups=["op_sweep"], ops="exp",
+                      dtypes="bfloat16")
+    rows = df[df["subject"].str.startswith("exp/")]
+    assert len(rows) and set(rows["status"]) == {status}, rows[["check", "subject", "status", "detail"]]
+
+
+def test_a_special_value_case_that_raises_is_an_error_not_an_unsupported_case():
+    """Issue 30.13: a special-value case that raised anything was "unsupported on device" and the row passed."""
+    df = numerics.run(Target("cpu", _raising("maximum", RuntimeError(_NO_KERNEL_IMAGE)), "raising"),
+                      groups=["special_values"], dtypes="float16")
+    nan = df[df["check"] == "nan_propagation"]
+    assert nan["status"].tolist() == ["error"] and "no kernel image" in nan["detail"].iloc[0]
+    assert "case=maximum" in nan["detail"].iloc[0]
+    assert set(df.loc[df["check"] != "nan_propagation", "status"]) == {"pass"}  # the other checks never call it
+    missing = "\"maximum_cpu\" not implemented for 'Half'"
+    df = numerics.run(Target("cpu", _raising("maximum", NotImplementedError(missing)), "no_max"),
+                      groups=["special_values"], dtypes="float16")
+    nan = df[df["check"] == "nan_propagation"].iloc[0]
+    assert nan["status"] == "pass" and "unsupported on device: maximum" in nan["detail"]
+
+
 def test_flushing_fp16_subnormals_fails_only_fp16():
     target = Target("cpu", testing.flush_fp16_subnormals, "ftz")
     df = numerics.run(target, groups=["conversions", "special_values"])

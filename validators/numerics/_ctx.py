@@ -13,6 +13,7 @@ import torch
 from mystique.dtypes import name as dtype_name
 
 from ..groups import GroupContext
+from ..unsupported import unsupported
 from ._fp import SWEEP_DTYPES
 
 
@@ -49,13 +50,15 @@ class Ctx(GroupContext):
 
     def attempt(self, check: str, subject: str, fn: Callable[[], Any], *, dtype: torch.dtype | None = None,
                 repro: str = "") -> Any:
-        """``fn()``; after a RuntimeError, a ``skip`` row where the device lacks the op
-        (:func:`unsupported`), else an ``error`` row carrying ``repro``, and None."""
+        """``fn()``; after a RuntimeError, a ``skip`` row where torch says the device has no kernel for
+        the op or dtype (:func:`mystique.validators.unsupported.unsupported`), else an ``error`` row
+        carrying ``repro``, and None."""
         try:
             return fn()
         except RuntimeError as exc:
-            if unsupported(exc):
-                self.skip(check, subject, str(exc).splitlines()[0][:160], dtype=dtype)
+            why = unsupported(exc)
+            if why:
+                self.skip(check, subject, why[:160], dtype=dtype)
             else:
                 self.error(check, subject, exc, dtype=dtype, repro=repro)
             return None
@@ -74,10 +77,12 @@ class Ctx(GroupContext):
                      unit=unit, threshold=threshold, dtype=dtype_name(dtype) if dtype else "",
                      detail=(why + (detail + "; " if detail else "") + repro) if not ok else detail)
 
-    def fact(self, check: str, subject: str, metric: str, value: float, *, ok: bool = True,
+    def fact(self, check: str, subject: str, metric: str, value: float, *, ok: bool,
              dtype: torch.dtype | None = None, unit: str = "", threshold: float | None = None,
              detail: str = "", repro: str = "") -> None:
-        """A row recording a measured property; ``ok=False`` makes it a failure carrying ``repro``."""
+        """A row recording a measured property, judged by the caller: ``ok`` (no default: a fact that
+        cannot fail is a measurement, not a check) passes it, ``ok=False`` makes it a failure
+        carrying ``repro``."""
         self.res.add(check, subject, metric, value, status="pass" if ok else "fail", unit=unit,
                      threshold=threshold, dtype=dtype_name(dtype) if dtype else "",
                      detail=detail if ok else f"{detail}; {repro}" if detail else repro)
@@ -92,13 +97,6 @@ class Ctx(GroupContext):
         msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         self.res.add(check, subject, "", None, status="error", dtype=dtype_name(dtype) if dtype else "",
                      detail=f"{type(exc).__name__}: {msg[:300]}; {repro}")
-
-
-def unsupported(exc: BaseException) -> bool:
-    """True when a device error says the op/dtype is simply not implemented there (a skip, not a fault)."""
-    text = str(exc)
-    return any(s in text for s in ("not implemented for", "No viable backend", "not supported", "NotImplementedError",
-                                   "no kernel image", "Could not run"))
 
 
 def shapes_of(tensors: Iterable[torch.Tensor]) -> str:

@@ -97,6 +97,23 @@ def sum_bound(x: torch.Tensor, y: torch.Tensor, dtype: torch.dtype, mean: bool =
     return rounded(y, g * a, dtype, r), how
 
 
+def matmul_bound(a: torch.Tensor, b: torch.Tensor, y: torch.Tensor, dtype: torch.dtype):
+    """``a @ b`` (K terms per output) with fp32 accumulators in any order, then the result rounded.
+
+    A product of two bf16/fp16 numbers (8/11-bit significands) has at most 22 bits and is exact in
+    fp32, except below fp32's normal range, where it errs by at most ``eta32/2``; an fp32 product
+    rounds once, which ``gamma_K`` (one more than the K - 1 additions) covers. So
+    ``|c - y| <= u|y| + (1+u)(gamma_K(u32) A + K eta32/2)``, ``A = |a| |b|``.
+    """
+    k = a.shape[-1]
+    g, gname = acc_gamma(k, y.numel() * k)
+    big_a = a.double().abs() @ b.double().abs()
+    eta32 = FORMATS[torch.float32].min_subnormal
+    return rounded(y, g * big_a + k * eta32 / 2, dtype), (
+        f"any order with fp32 accumulators: b = u|y| + (1+u)({gname} |a||b| + K eta32/2), K = {k}; products of "
+        "bf16/fp16 are exact in fp32")
+
+
 def scan_depth_cuda(rows: int, n: int) -> tuple[int, int]:
     """(block B, rounding depth d) of CUDA's innermost-dim scan (ATen ScanUtils.cuh).
 

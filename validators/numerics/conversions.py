@@ -10,7 +10,9 @@ with torch's conversion. Widening back to fp32 must be exact for every pattern.
 
 ``special_values``: subnormals kept (required: IEEE 754 requires gradual underflow for binary16
 and bfloat16 follows binary32, which has it), overflow to inf, NaN propagation through common
-operators, and signed zero.
+operators, and signed zero. A case the device has no kernel for (torch's "not implemented",
+:mod:`mystique.validators.unsupported`) is left out and named; a case that raises anything else
+makes its check an ``error`` row.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import torch
 from mystique.dtypes import HALF_DTYPES
 from mystique.dtypes import name as dtype_name
 
+from ..unsupported import unsupported
 from ._ctx import Ctx
 from ._fp import FORMATS, hexbits
 
@@ -124,22 +127,37 @@ def run_special_values(ctx: Ctx) -> None:
     for dtype in _special_dtypes(ctx):
         fmt = FORMATS[dtype]
         wide = torch.float64 if dtype == torch.float32 else torch.float32
-        _subnormals(ctx, dtype, fmt, wide)
-        _overflow(ctx, dtype, fmt, wide)
-        _nan(ctx, dtype)
-        _signed_zero(ctx, dtype, fmt, wide)
+        for check, suffix, fn in _SPECIAL:
+            try:
+                fn(ctx, dtype, fmt, wide)
+            except CaseError as exc:  # the device raised: an error, never a skip or a pass
+                ctx.error(check, f"{dtype_name(dtype)}_{suffix}", exc.exc, dtype=dtype, repro=ctx.repro(case=exc.name))
 
 
 def _run_cases(ctx: Ctx, cases: list[tuple[str, callable]], dtype: torch.dtype) -> tuple[list[str], list[str]]:
-    """Run named device computations returning (ok: bool); collect failed and unsupported names."""
-    failed, unsupported = [], []
+    """Run named device computations returning (ok: bool); collect failed and unsupported names.
+
+    A case that raises is unsupported only where torch says the device has no kernel for it
+    (:func:`mystique.validators.unsupported.unsupported`); any other exception propagates (the
+    :func:`run_special_values` makes it the check's ``error`` row)."""
+    failed, unsupported_ = [], []
     for name, fn in cases:
         try:
             if not ctx.on_device(fn):
                 failed.append(name)
-        except RuntimeError:
-            unsupported.append(name)
-    return failed, unsupported
+        except RuntimeError as exc:
+            if not unsupported(exc):
+                raise CaseError(name, exc) from exc
+            unsupported_.append(name)
+    return failed, unsupported_
+
+
+class CaseError(Exception):
+    """A case of a special-value check raised something other than torch's "not implemented"."""
+
+    def __init__(self, name: str, exc: BaseException):
+        super().__init__(f"case {name}: {type(exc).__name__}")
+        self.name, self.exc = name, exc
 
 
 def _same(out: torch.Tensor, expected: torch.Tensor) -> bool:
@@ -251,3 +269,9 @@ def _signed_zero(ctx: Ctx, dtype: torch.dtype, fmt, wide: torch.dtype) -> None:
         detail += f"; unsupported on device: {', '.join(unsupported)}"
     ctx.bound("signed_zero", f"{dtype_name(dtype)}_signed_zero", "failing_cases", float(len(failed)), 0.0,
               dtype=dtype, detail=detail, repro=ctx.repro())
+
+
+#: the special-value checks: (check, subject suffix, function of (ctx, dtype, format, wider dtype))
+_SPECIAL = (("subnormals", "subnormals", _subnormals), ("overflow_to_inf", "overflow", _overflow),
+            ("nan_propagation", "nan", lambda ctx, dtype, fmt, wide: _nan(ctx, dtype)),
+            ("signed_zero", "signed_zero", _signed_zero))

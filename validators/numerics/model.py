@@ -60,7 +60,8 @@ from mystique import workloads
 from mystique.dtypes import HALF_DTYPES
 from mystique.dtypes import name as dtype_name
 
-from ._ctx import Ctx, unsupported
+from ..unsupported import unsupported
+from ._ctx import Ctx
 from ._fp import FORMATS, U32, gamma, normwise_error
 from .bounds import P_FAIL
 from .op_cases import sdpa_backends
@@ -296,8 +297,9 @@ def _one(ctx: Ctx, mod: Any, name: str, config: str, model: torch.nn.Module, bat
         out = _forward(ctx, mod, model, batch, dtype)
     except RuntimeError as exc:
         rec.close()
-        if unsupported(exc):
-            ctx.skip("model_output_deviation", name, str(exc).splitlines()[0][:160], dtype=dtype)
+        why = unsupported(exc)
+        if why:
+            ctx.skip("model_output_deviation", name, why[:160], dtype=dtype)
         else:
             ctx.error("model_output_deviation", name, exc, dtype=dtype, repro=repro)
         return

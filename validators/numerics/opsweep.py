@@ -62,7 +62,8 @@ from mystique.emulation.tf32 import conv_tf32_allowed, matmul_tf32_allowed
 from mystique.errors import UsageError
 from mystique.progress import Progress
 
-from ._ctx import Ctx, shapes_of, unsupported
+from ..unsupported import unsupported
+from ._ctx import Ctx, shapes_of
 from ._fp import FORMATS, U32, U_TF32, componentwise_error, gamma, normwise_error, ulp_error
 from .benchmark_shapes import benchmark_gemm_shapes
 from .bounds import threshold
@@ -125,7 +126,8 @@ def _device_result(ctx: Ctx, case: Case, dtype: torch.dtype, dev: Inputs, repro:
     An SDPA backend is first asked whether it has a kernel for these inputs
     (:func:`mystique.emulation.attention.refusal`); a backend that says no, or whose call ends in
     SDPA's own "no kernel" refusal, is a ``skip`` carrying torch's reason. Any other exception of
-    an SDPA case is an ``error``; other cases skip only on "not implemented"-style errors.
+    an SDPA case is an ``error``; other cases skip only where torch says the device has no kernel for
+    the op or dtype (:func:`mystique.validators.unsupported.unsupported`), and are an ``error`` otherwise.
     """
     if case.backend is not None:
         reason = attention.refusal(case.backend, dev["q"], dev["k"], dev["v"], bool(case.extra.get("causal")),
@@ -154,8 +156,8 @@ def _device_result(ctx: Ctx, case: Case, dtype: torch.dtype, dev: Inputs, repro:
                 ctx.skip("normwise_error", case.subject, f"{case.backend.name} has no kernel on {ctx.target.label} "
                          f"for these inputs: {reason}", dtype=dtype, metric="rel_error")
             elif case.backend is None and unsupported(exc):
-                ctx.skip("normwise_error", case.subject, f"not supported on {ctx.target.device}: "
-                         f"{str(exc).splitlines()[0][:160]}", dtype=dtype, metric="rel_error")
+                ctx.skip("normwise_error", case.subject, f"not implemented on {ctx.target.device}: "
+                         f"{unsupported(exc)[:160]}", dtype=dtype, metric="rel_error")
             else:
                 ctx.error("normwise_error", case.subject, exc, dtype=dtype, repro=repro)
             return None
