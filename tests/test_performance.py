@@ -474,3 +474,69 @@ def test_nvml_finds_the_gpu_by_bus_id_and_falls_back_to_the_index(monkeypatch):
     assert clocks._Nvml(3, "bad").handle == "handle-index"
     assert clocks._Nvml(3, None).handle == "handle-index"
     assert asked == [("bus", "00000000:19:00.0"), ("bus", "bad"), ("index", 3), ("index", 3)]
+
+
+# -- clock_drop: every verdict from injected readings (issue 30.5) ------------------------------------
+
+class _Sampler:
+    """A clock sampler's outcome, injected: what it read from, whether that source is static, and
+    whether sampling failed."""
+
+    def __init__(self, source="sysfs scaling_cur_freq", static="", failure=""):
+        self.source, self.static, self.failure = source, static, failure
+        self.available = True
+
+
+def _clocks(values, metric="cpu_mhz"):
+    return [(0.25 * i, {metric: v}) for i, v in enumerate(values)]
+
+
+def _clock_drop(sampler, samples):
+    from mystique.validators.performance.sustained import _clock_rows
+
+    ctx = _Ctx()
+    _clock_rows(ctx, "dlrm/small/infer", sampler, samples)
+    row, = [r for r in ctx.res.rows if r["check"] == "clock_drop"]
+    return row
+
+
+@pytest.mark.parametrize("values, status", [
+    ([2000.0] * 9 + [1990.0] * 9 + [1980.0] * 9, "pass"),  # a steady clock
+    ([2000.0] * 9 + [1800.0] * 9 + [1500.0] * 9, "fail"),  # 25% down: thermal capping
+])
+def test_clock_drop_judges_a_live_clock(values, status):
+    row = _clock_drop(_Sampler(), _clocks(values))
+    assert row["status"] == status and row["threshold"] == pytest.approx(0.9)
+
+
+def test_a_failed_clock_reading_is_an_error_not_a_pass():
+    """A NaN reading (the reader failed) made the ratio NaN, and ``nan < 0.9`` is False: it passed."""
+    row = _clock_drop(_Sampler(), _clocks([2000.0] * 9 + [math.nan] * 9))
+    assert row["status"] == "error" and "9 of 18 cpu_mhz readings failed" in row["detail"]
+    row = _clock_drop(_Sampler(failure="sampling stopped: NVMLError: GPU is lost"),
+                      _clocks([1980.0] * 9, "sm_clock_mhz"))
+    assert row["status"] == "error" and "GPU is lost" in row["detail"]
+
+
+def test_a_clock_the_host_cannot_show_moving_is_a_skip(monkeypatch):
+    """On a VM without cpufreq the clock is /proc/cpuinfo's constant: the ratio is 1.0 whatever the device
+    does, which passed. The sampler says its source is static, and the check skips with that reason."""
+    from mystique.validators.performance import clocks
+
+    monkeypatch.setattr(clocks, "cpu_mhz", lambda: (2596.1, clocks.PROC_CPUINFO))
+    sampler = clocks.ClockSampler("cpu")
+    assert sampler.available and "no cpufreq" in sampler.static
+    row = _clock_drop(sampler, _clocks([2596.1] * 27))
+    assert row["status"] == "skip" and "no cpufreq" in row["detail"] and row["value"] is None
+    monkeypatch.setattr(clocks, "cpu_mhz", lambda: (2000.0, "sysfs scaling_cur_freq"))
+    assert clocks.ClockSampler("cpu").static == ""  # cpufreq's current frequency is live
+
+
+def test_a_cpu_clock_reading_that_fails_mid_run_reads_nan(monkeypatch):
+    from mystique.validators.performance import clocks
+
+    monkeypatch.setattr(clocks, "cpu_mhz", lambda: (2000.0, "sysfs scaling_cur_freq"))
+    sampler = clocks.ClockSampler("cpu")
+    monkeypatch.setattr(clocks, "cpu_mhz", lambda: (None, "no CPU frequency readable"))
+    assert math.isnan(sampler._read()["cpu_mhz"])
+

@@ -9,10 +9,12 @@
   point NVML at another device;
 * CPUs: the current frequency (MHz) of the CPUs this process may run on, from
   ``/sys/devices/system/cpu/cpuN/cpufreq/scaling_cur_freq`` or else ``/proc/cpuinfo``'s ``cpu MHz``
-  (on many VMs a constant nominal figure: the rows say which source was read).
+  (without cpufreq, as on most VMs, a constant nominal figure: the sampler's ``static`` says so and
+  no verdict is drawn from it). A reading that fails is NaN.
 
 ``samples`` holds ``(seconds since start, {metric: value})``; ``source`` names what was read, or
-why nothing could be (no NVML, no readable frequency).
+why nothing could be (no NVML, no readable frequency); ``static`` why the clock read cannot change
+(empty when it can); ``failure`` why sampling stopped early (a reading raised; empty otherwise).
 """
 
 from __future__ import annotations
@@ -25,6 +27,10 @@ from pathlib import Path
 from typing import Any
 
 _MHZ = re.compile(r"^cpu MHz\s*:\s*([0-9.]+)", re.M)
+PROC_CPUINFO = "/proc/cpuinfo cpu MHz"
+#: why a CPU clock read from /proc/cpuinfo cannot show a drop (the sampler's ``static``)
+STATIC_CPUINFO = ("no cpufreq in sysfs: /proc/cpuinfo's cpu MHz is then the kernel's fixed calibration figure on most "
+                  "hosts (every virtual machine without cpufreq), a constant that cannot show the clock drop")
 # NVML clock-throttle reason bits that mean the device slowed itself (not idle or app clocks)
 THROTTLE_BITS = {0x4: "sw_power_cap", 0x8: "hw_slowdown", 0x20: "sw_thermal", 0x40: "hw_thermal",
                  0x80: "hw_power_brake"}
@@ -55,7 +61,7 @@ def cpu_mhz() -> tuple[float | None, str]:
         found = []
     if found:
         chosen = [found[c] for c in cpus if c < len(found)] or found
-        return sum(chosen) / len(chosen), "/proc/cpuinfo cpu MHz"
+        return sum(chosen) / len(chosen), PROC_CPUINFO
     return None, "no CPU frequency readable (no cpufreq in sysfs, no cpu MHz in /proc/cpuinfo)"
 
 
@@ -154,6 +160,8 @@ class ClockSampler:
         self._thread: threading.Thread | None = None
         self._read: Any = None
         self.source = ""
+        self.static = ""  # why the clock read cannot change whatever the device does ("" when it can)
+        self.failure = ""  # why sampling stopped early ("" when it did not)
         kind = device.split(":")[0]
         if kind == "cuda":
             try:
@@ -170,6 +178,7 @@ class ClockSampler:
         elif kind == "cpu":
             mhz, why = cpu_mhz()
             self.source = why
+            self.static = STATIC_CPUINFO if why == PROC_CPUINFO else ""
             if mhz is not None:
                 self._read = lambda: {"cpu_mhz": cpu_mhz()[0] or float("nan")}
         else:
@@ -185,7 +194,8 @@ class ClockSampler:
             try:
                 self.samples.append((time.perf_counter() - t0, self._read()))
             except Exception as exc:  # a reading that fails mid-run ends sampling, said so
-                self.source += f"; sampling stopped: {type(exc).__name__}: {exc}"
+                self.failure = f"sampling stopped: {type(exc).__name__}: {exc}"
+                self.source += f"; {self.failure}"
                 return
             self._stop.wait(self.interval_s)
 

@@ -34,11 +34,15 @@ generated into a plan) is replayed by the executor on the device under test, ins
   samples over the first third's; fails when it dropped by more than the same tolerance; NVML's
   throttle-reason bits seen (power cap, thermal, power brake) are named in the detail, and every
   sample is a ``clock_trace`` row (value per metric; ``t=`` seconds in the detail) for the chart.
+  A clock the host cannot show moving (no source; /proc/cpuinfo without cpufreq, a constant on
+  most VMs) is a ``skip`` saying so; a failed reading (NaN, a sampler stopped by an exception) an
+  ``error``.
 * with a mode injected on the target: ``mode_slowdown`` and ``mode_stalls`` (:mod:`.paired`).
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 from typing import Any
 
@@ -197,20 +201,32 @@ def _drift_row(ctx: PerformanceContext, subject: str, times: list[float], second
 
 def _clock_rows(ctx: PerformanceContext, subject: str, sampler: ClockSampler,
                 samples: list[tuple[float, dict[str, float]]]) -> None:
-    if len(samples) < 6:
+    """``clock_drop`` and the ``clock_trace`` measurements. A clock the host cannot show moving (no
+    source, or a static one such as /proc/cpuinfo without cpufreq) is a ``skip`` saying why; a reading
+    that failed (NaN, sampling stopped by an exception) is an ``error``: neither can pass."""
+    if sampler.static or (not sampler.available and not samples):
         ctx.res.add("clock_drop", subject, "last_over_first", None, status="skip",
-                    detail=f"{len(samples)} clock samples: {sampler.source}")
+                    detail=f"no clock verdict on this host: {sampler.static or sampler.source}")
         return
-    metric = "sm_clock_mhz" if "sm_clock_mhz" in samples[0][1] else "cpu_mhz"
+    metric = "sm_clock_mhz" if samples and "sm_clock_mhz" in samples[0][1] else "cpu_mhz"
     every = max(1, len(samples) // MAX_TRACE_POINTS)
     for t, vals in samples[::every]:
         for m, v in vals.items():
             if m != "throttle_reasons":
                 ctx.res.add("clock_trace", subject, m, v, status="info", unit=m.rsplit("_", 1)[-1],
                             detail=f"t={t:.2f} s; {sampler.source}")
-    clocks = [v[metric] for _, v in samples if metric in v]
+    clocks = [v.get(metric, math.nan) for _, v in samples]
+    failed = sum(not (math.isfinite(c) and c > 0) for c in clocks)
+    if sampler.failure or failed or len(clocks) < 6:
+        why = (sampler.failure if sampler.failure else
+               f"{failed} of {len(clocks)} {metric} readings failed (NaN or not positive)" if failed else
+               f"only {len(clocks)} clock samples while the workload ran (6 are needed for thirds)")
+        status = "error" if sampler.failure or failed else "skip"
+        ctx.res.add("clock_drop", subject, "last_over_first", None, status=status,
+                    detail=f"{why}; source {sampler.source}")
+        return
     first, last = _thirds(clocks)
-    r = statistics.median(last) / statistics.median(first) if statistics.median(first) else float("nan")
+    r = statistics.median(last) / statistics.median(first)
     tol = float(ctx.settings["drift_tolerance"])
     named = throttle_names(samples)
     flat = len(set(clocks)) == 1
@@ -219,4 +235,4 @@ def _clock_rows(ctx: PerformanceContext, subject: str, sampler: ClockSampler,
                 detail=f"median {metric} of the last {len(last)} samples over the first {len(first)}: {r:.4f}; "
                        f"fails below 1-{tol:g}; source {sampler.source}"
                        + (f"; throttle reasons seen: {', '.join(named)}" if named else "")
-                       + ("; the reading never changed (it may be a nominal figure)" if flat else ""))
+                       + ("; the reading never changed" if flat else ""))
