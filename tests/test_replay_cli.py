@@ -795,6 +795,34 @@ def test_coverage_below_its_threshold_never_reads_pass():
     assert "all ops 99/100 (0.990)" in row["detail"] and "1 collectives skipped" in row["detail"]
 
 
+def test_coverage_by_time_is_judged_on_its_own_value():
+    """Issue 30.8: the row passed whenever compute coverage was 1, whatever its value: 99 compute ops and a
+    collective holding a tenth of the time read `coverage_by_time 0.9, pass`. The row now shows and judges the
+    compute ops' share of the original time (skipped collectives are the multi-rank replay's, as in
+    replay_coverage), and names the share over all ops."""
+    df = _results_of(_fake_states(99, 0, 0, 1, 0), summary_extra={"coverage_by_time": 0.9})
+    row = df.set_index("check").loc["replay_coverage_by_time"]
+    assert row["status"] == "pass" and row["value"] == 1.0 and row["threshold"] == 1.0
+    assert "all ops 0.900" in row["detail"]
+    # a compute op not replayed is time the replay lacks: the row fails on its own value
+    df = _results_of(_fake_states(99, 0, 0, 0, 1), summary_extra={"coverage_by_time": 0.99})
+    row = df.set_index("check").loc["replay_coverage_by_time"]
+    assert row["status"] == "fail" and row["value"] == pytest.approx(0.99) and row["threshold"] == 1.0
+
+
+def test_coverage_by_time_weighs_the_compute_ops_by_their_original_time():
+    from types import SimpleNamespace
+
+    from mystique.replay.result_rows import compute_time_share
+
+    plan = SimpleNamespace(ops=[{"orig_us": 90.0}, {"orig_us": 10.0}, {"orig_us": 300.0}, {}], metadata={})
+    done, lost = SimpleNamespace(state="replayed", reason=""), SimpleNamespace(state="skipped", reason="x")
+    collective = SimpleNamespace(state="skipped", reason="collective")
+    assert compute_time_share(plan, [done, lost, collective, lost]) == pytest.approx(0.9)  # unknown times left out
+    assert compute_time_share(plan, [done, done, collective, done]) == 1.0
+    assert compute_time_share(plan, [done, done, collective, done][:0]) is None
+
+
 def test_synthetic_outputs_over_one_percent_of_the_ops_fail():
     ok = _results_of(_fake_states(200, 5, 2, 0, 0)).set_index("check").loc["replay_output_fallbacks"]
     assert ok["status"] == "pass" and ok["threshold"] == 0.01 and ok["value"] == pytest.approx(2 / 205)
