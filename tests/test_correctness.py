@@ -78,14 +78,26 @@ def test_groups_options_and_bad_input(tmp_path):
             correctness.run(cpu, reference_device="cuda")
 
 
+class _Identity(TorchDispatchMode):
+    """A healthy custom backend: the CPU's own kernels through a dispatch mode (so the reference is the
+    same device without the mode, a meaningful comparison)."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        return func(*args, **(kwargs or {}))
+
+
+HEALTHY = Target("cpu", _Identity, "identity")
+
+
 def test_healthy_cpu_passes_every_group_with_tables_and_skips(tmp_path):
-    df = correctness.run(Target("cpu"), seed=0, out_dir=tmp_path, workloads="bert,llama")
+    df = correctness.run(HEALTHY, seed=0, out_dir=tmp_path, workloads="bert,llama")
     assert list(df.columns) == list(COLUMNS) and set(df["suite"]) == {"correctness"}
     assert _bad(df).empty, _bad(df)[["check", "subject", "detail"]].to_string()
     first = _rows(df, "first_divergent_op")
     expected = {f"{w}/debug/{m}" for w in ("bert", "llama") for m in ("infer", "train")}
     expected |= {f"{w}/debug/infer/bfloat16" for w in ("bert", "llama")}
     assert set(first.index) == expected and (first["status"] == "pass").all()
+    assert first["detail"].str.contains("reference cpu (same device, reference without the fault)", regex=False).all()
     compared = _rows(df, "ops_compared")
     assert (compared["value"] > 40).all() and (compared["status"] == "info").all()  # a measurement
     assert set(_rows(df, "workload_output_error").index) == {"bert/debug", "llama/debug"}
@@ -105,7 +117,7 @@ def test_healthy_cpu_passes_every_group_with_tables_and_skips(tmp_path):
 
 @pytest.mark.parametrize("seed", [1, 2])
 def test_healthy_cpu_operator_replay_passes_on_other_seeds(seed):
-    df = correctness.run(Target("cpu"), seed=seed, groups=["operator_replay"], workloads="bert,dlrm,llama")
+    df = correctness.run(HEALTHY, seed=seed, groups=["operator_replay"], workloads="bert,dlrm,llama")
     assert _bad(df).empty, _bad(df)[["check", "subject", "detail"]].to_string()
     assert df["detail"].str.contains(f"seed {seed}").any()
 
@@ -239,9 +251,10 @@ def test_cli_exit_codes_and_outputs(mlp_bench, tmp_path, cli_run):
     first = df[df["check"] == "first_divergent_op"].iloc[0]
     assert first["status"] == "fail" and int(first["value"]) == _first_index(plan, ("aten::gelu",))
     assert (out / "correctness_ops" / "mlp_bench.csv").is_file()
+    # throttle slows the device and leaves every result as it was: compared with the same device without it
     code, _, _ = cli_run("validate", "correctness", "-o", str(tmp_path / "good"), "--benchmark", str(mlp_bench),
                          "--group", "operator_replay", "--group", "repeatability", "--workloads", "dlrm",
-                         "--threads", "0")
+                         "--threads", "0", "--inject", "throttle")
     assert code == 0
     good = pd.read_csv(tmp_path / "good" / "results.csv")
     empty = good[(good["check"] == "op_skipped") & (good["subject"] == "aten::empty")]
@@ -253,18 +266,27 @@ def test_cli_exit_codes_and_outputs(mlp_bench, tmp_path, cli_run):
 
 
 class _GeluRaises(TorchDispatchMode):
-    """A backend without a GELU kernel (NotImplementedError) or with a broken one (RuntimeError)."""
+    """A backend without a GELU kernel: the dispatcher's NotImplementedError for a missing backend kernel."""
 
-    error: type[Exception] = NotImplementedError
+    error: Exception = NotImplementedError("Could not run 'aten::gelu' with arguments from the 'CPU' backend. This "
+                                          "could be because the operator doesn't exist for this backend")
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if func.overloadpacket.__name__ == "gelu":
-            raise self.error("gelu is not available on this backend")
+            raise self.error
         return func(*args, **(kwargs or {}))
 
 
 class _GeluBroken(_GeluRaises):
-    error = RuntimeError
+    """A backend whose GELU kernel raises."""
+
+    error = RuntimeError("gelu is not available on this backend")
+
+
+class _GeluGivesUp(_GeluRaises):
+    """A backend whose GELU raises a NotImplementedError of its own: not torch's missing kernel (issue 30.13)."""
+
+    error = NotImplementedError("gelu is not available on this backend")
 
 
 def test_missing_kernels_are_skipped_and_raising_kernels_fail(mlp_bench):
@@ -274,8 +296,70 @@ def test_missing_kernels_are_skipped_and_raising_kernels_fail(mlp_bench):
     assert _bad(df).empty
     skipped = df[(df["check"] == "op_skipped") & (df["subject"] == "aten::gelu")]
     assert len(skipped) == 1 and "no kernel for cpu" in skipped.iloc[0]["detail"]
-    df = correctness.run(Target("cpu", _GeluBroken, "bad_gelu"), benchmark=mlp_bench, groups=["operator_replay"])
+    for mode, kind in ((_GeluBroken, "RuntimeError"), (_GeluGivesUp, "NotImplementedError")):
+        df = correctness.run(Target("cpu", mode, "bad_gelu"), benchmark=mlp_bench, groups=["operator_replay"])
+        errors = _rows(df, "target_op_errors").loc["mlp_bench"]
+        assert errors["status"] == "fail" and errors["value"] == 1
+        assert f"op {gelu} aten::gelu" in errors["detail"] and kind in errors["detail"]
+        assert _rows(df, "first_divergent_op").loc["mlp_bench", "status"] == "pass"  # nothing computed wrong
+
+
+def test_zero_ops_compared_is_not_a_pass_and_exits_3(mlp_bench, monkeypatch):
+    """Issue 30.7: with every op skipped, target_op_errors passed ("every compared op ran") and the run
+    exited 0. Nothing compared is no evidence: every row is a skip or a measurement and the run exits 3."""
+    from mystique import results
+
+    def no_kernel(target, fn, args, kwargs):  # a backend with no kernel at all
+        raise NotImplementedError(f"Could not run '{fn}' with arguments from the 'CPU' backend.")
+
+    monkeypatch.setattr(engine, "call_target", no_kernel)
+    df = correctness.run(make_target("cpu", "throttle"), benchmark=mlp_bench, groups=["operator_replay"])
     errors = _rows(df, "target_op_errors").loc["mlp_bench"]
-    assert errors["status"] == "fail" and errors["value"] == 1
-    assert f"op {gelu} aten::gelu" in errors["detail"] and "RuntimeError" in errors["detail"]
-    assert _rows(df, "first_divergent_op").loc["mlp_bench", "status"] == "pass"  # nothing computed wrong
+    assert errors["status"] == "skip" and "no operator ran" in errors["detail"]
+    assert set(df["status"]) <= {"skip", "info"}
+    assert results.exit_code(df) == results.NOTHING_CHECKED == 3
+
+
+def test_a_device_compared_with_itself_is_refused(mlp_bench, tmp_path, cli_run):
+    """Issue 30.9: --device cpu with the default --reference-device cpu compared the CPU with itself and
+    passed whatever it computed."""
+    with pytest.raises(UsageError, match="--reference-device must differ from --device"):
+        correctness.run(Target("cpu"), reference_device="cpu", benchmark=mlp_bench, groups=["operator_replay"])
+    code, _, stderr = cli_run("validate", "correctness", "-o", str(tmp_path / "same"), "--benchmark", str(mlp_bench))
+    assert code == 2 and not (tmp_path / "same").exists()
+    line, = [x for x in stderr.splitlines() if x.strip()]
+    assert line.startswith("mystique: error: --reference-device must differ from --device (both cpu)")
+    # repeatability runs on the target alone: no reference, nothing refused
+    df = correctness.run(Target("cpu"), reference_device="cpu", benchmark=mlp_bench, groups=["repeatability"])
+    assert _rows(df, "replay_repeatability").loc["mlp_bench", "status"] == "pass"
+
+
+def test_with_a_fault_or_emulation_the_same_device_is_the_reference_and_rows_say_so(mlp_bench):
+    df = correctness.run(make_target("cpu", "wrong_gelu"), reference_device="cpu", benchmark=mlp_bench,
+                         groups=["operator_replay"])
+    first = _rows(df, "first_divergent_op").loc["mlp_bench"]
+    assert first["status"] == "fail" and "reference cpu (same device, reference without the fault)" in first["detail"]
+    df = correctness.run(make_target("cpu", None, "cuda"), benchmark=mlp_bench, groups=["operator_replay"])
+    assert "same device, reference without the emulation" in _rows(df, "first_divergent_op").loc["mlp_bench",
+                                                                                                  "detail"]
+
+
+def test_a_lone_cpu_skips_the_op_comparison_and_judges_workloads_against_fp64(monkeypatch):
+    """Quick qualification on a lone CPU (no reference device given): no cross-device verdict; the workload's
+    forward is judged against its fp64 golden alone (floor(float32, K, s)), which a wrong result fails."""
+    from mystique.validators.correctness import workload
+
+    df = correctness.run(Target("cpu"), groups=["operator_replay", "workload_output"], workloads="dlrm")
+    first = _rows(df, "first_divergent_op").loc["operator_replay"]
+    assert first["status"] == "skip" and first["detail"].startswith("no second device")
+    out = _rows(df, "workload_output_error").loc["dlrm/debug"]
+    assert out["status"] == "pass" and "judged against the fp64 golden alone" in out["detail"]
+    assert 0 < out["value"] < out["threshold"]
+    real = workload.call_target
+
+    def off_by_a_thousandth(target, fn, args, kwargs):
+        return real(target, fn, args, kwargs) * 1.001
+
+    monkeypatch.setattr(workload, "call_target", off_by_a_thousandth)
+    df = correctness.run(Target("cpu"), groups=["workload_output"], workloads="dlrm")
+    assert _rows(df, "workload_output_error").loc["dlrm/debug", "status"] == "fail"

@@ -18,7 +18,8 @@ _GROUPS = ("operator_replay", "workload_output", "repeatability")
               help="Replay this benchmark (folder, benchmark.json, trace folder or ET file) instead of the "
                    "built-in reference benchmarks.")
 @click.option("--reference-device", "reference_device", default="cpu", show_default=True, metavar="DEV",
-              help="Device the reference runs on (no --inject mode there).")
+              help="Device the reference runs on (no --inject mode there); it must differ from --device "
+                   "unless --inject or --emulate is given (then it is the device without them).")
 @click.option("--group", "groups", multiple=True, type=click.Choice(_GROUPS), metavar="NAME",
               help=f"Run only this check group (repeatable): {', '.join(_GROUPS)}.")
 @click.option("--workloads", default=None, metavar="LIST",

@@ -1,7 +1,7 @@
 """Cross-device correctness validator: the same benchmark on the target and on a reference device.
 
 ``run(target, level="quick", seed=0, groups=None, out_dir=None, benchmark=None,
-reference_device="cpu", **options)`` returns the results rows (suite ``correctness``);
+reference_device=None, **options)`` returns the results rows (suite ``correctness``);
 ``groups(level)`` names the check groups, each runnable alone:
 
 * ``operator_replay``: every operator of each benchmark (a given benchmark, else the built-in
@@ -47,9 +47,9 @@ from mystique.errors import UsageError
 from mystique.hostinfo import torch_threads
 from mystique.progress import Progress
 from mystique.results import Results, RunContext
-from mystique.targets import check_device
 
 from . import benchmarks as bm
+from . import reference
 from .benchmarks import WORKLOADS
 from .checks import (
     OPS_CSV_COLUMNS,
@@ -98,12 +98,14 @@ def _workload_names(value: Any) -> tuple[str, ...]:
 
 
 def run(target: Any, *, level: str = "quick", seed: int = 0, groups: Iterable[str] | None = None,
-        out_dir: Any = None, benchmark: Any = None, reference_device: str = "cpu", **options: Any):
+        out_dir: Any = None, benchmark: Any = None, reference_device: str | None = None, **options: Any):
     """Run the correctness checks on ``target``; return the results DataFrame (``mystique.results`` columns).
 
     ``benchmark``: a benchmark dir, ``benchmark.json``, trace dir or ET file to replay instead of
     the built-in reference benchmarks. ``reference_device``: where the reference runs (checked
-    like ``--device``). Raises UsageError for unknown groups, levels, options or workloads, and
+    like ``--device``; None: the CPU, or no second device for an unmodified CPU target; the
+    target's own device only with an inject or emulate, else a UsageError: :mod:`.reference`).
+    Raises UsageError for unknown groups, levels, options or workloads, and
     EnvironmentUnsupported when the reference device is absent.
     """
     _check_level(level)
@@ -114,7 +116,7 @@ def run(target: Any, *, level: str = "quick", seed: int = 0, groups: Iterable[st
     extra = [k for k in options if k not in _OPTIONS]
     if extra:
         raise UsageError(f"unknown correctness option(s) {', '.join(extra)}; known: {', '.join(_OPTIONS)}")
-    ref = check_device(str(reference_device or "cpu"))
+    ref = reference.choose(target, reference_device, chosen)
     defaults = LEVEL_DEFAULTS[level]
     names = _workload_names(options.get("workloads"))
     config = options.get("config") or bm.LEVELS[level]["config"]
@@ -137,8 +139,8 @@ def run(target: Any, *, level: str = "quick", seed: int = 0, groups: Iterable[st
             return cache
 
         ctx = CorrectnessContext(target=target, res=res, seed=int(seed), level=level, progress=progress,
-                                 options=options, out_dir=out_dir, reference_device=ref, benchmarks=benches,
-                                 workloads=names, config=config, worst=worst)
+                                 options=options, out_dir=out_dir, reference_device=ref.device, benchmarks=benches,
+                                 workloads=names, config=config, worst=worst, reference_label=ref.label)
         stack.enter_context(torch_threads(threads))
         for name in chosen:
             progress.step(f"group {name}")

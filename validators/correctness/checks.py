@@ -33,11 +33,16 @@ class CorrectnessContext(GroupContext):
 
     ``benchmarks()`` returns the benchmarks to replay (captured on first use, then cached)."""
 
-    reference_device: str = "cpu"
+    reference_device: str | None = "cpu"  # None: no second device (:mod:`.reference`)
     benchmarks: Callable[[], list[Any]] = list
     workloads: tuple[str, ...] = ()
     config: str = "debug"
     worst: int = 3
+    reference_label: str = ""  # how rows name the reference (:class:`.reference.Reference`)
+
+    @property
+    def reference_name(self) -> str:
+        return self.reference_label or str(self.reference_device)
 
 
 def _slug(subject: str) -> str:
@@ -58,16 +63,24 @@ def ops_csv_text(records: Iterable[Any]) -> str:
 
 
 def run_operator_replay(ctx: CorrectnessContext) -> None:
-    """Rows of every benchmark's op-by-op comparison (see :func:`_replay_rows`)."""
+    """Rows of every benchmark's op-by-op comparison (see :func:`_replay_rows`); without a second
+    device one ``skip`` row (the comparison of a device with itself checks nothing)."""
     target, ref = ctx.target, ctx.reference_device
+    if ref is None:
+        ctx.res.add("first_divergent_op", "operator_replay", "op_index", None, status="skip",
+                    detail=f"{ctx.reference_name}: the op-by-op comparison needs a reference on another device "
+                           f"(validate correctness --reference-device), or --inject/--emulate to compare with this "
+                           f"one without them; "
+                           f"this device against fp64 goldens: workload_output here, numerics' op_sweep per op")
+        return
     for bench in ctx.benchmarks():
-        ctx.progress.note(f"operator replay {bench.subject} on {target.label} vs {ref}")
+        ctx.progress.note(f"operator replay {bench.subject} on {target.label} vs {ctx.reference_name}")
         records = lockstep(bench.plan, target, ref, ctx.seed, progress=ctx.progress)
         if ctx.out_dir is not None:
             folder = Path(ctx.out_dir) / "correctness_ops"
             folder.mkdir(parents=True, exist_ok=True)
             atomic_write_text(folder / f"{_slug(bench.subject)}.csv", ops_csv_text(records))
-        _replay_rows(ctx.res, bench.subject, records, target, ref, ctx.seed, ctx.worst)
+        _replay_rows(ctx.res, bench.subject, records, target, ctx.reference_name, ctx.seed, ctx.worst)
 
 
 def _replay_rows(res: Any, subject: str, records: list[Any], target: Any, ref: str, seed: int, worst: int) -> None:
@@ -112,9 +125,12 @@ def _replay_rows(res: Any, subject: str, records: list[Any], target: Any, ref: s
             detail=("no op compared" if top is None or not ratios else
                     f"every compared op is bitwise equal to the reference; seed {seed}" if worst_ratio == 0 else
                     f"largest target error / bound over the compared ops: {top.describe()}; seed {seed}"))
-    res.add("target_op_errors", subject, "ops", len(errors), threshold=0, status="fail" if errors else "pass",
+    # zero ops run is no evidence that the target runs them: a skip (issue 30.7), as first_divergent_op
+    res.add("target_op_errors", subject, "ops", len(errors), threshold=0,
+            status="fail" if errors else "pass" if compared else "skip",
             detail=(f"{errors[0].describe()}; {len(errors)} op(s) raised on {target.label}; seed {seed}"
-                    if errors else f"every compared op ran on {target.label}"))
+                    if errors else f"every compared op ran on {target.label}" if compared else
+                    f"no operator ran on {target.label} to be compared ({len(skipped)} skipped); seed {seed}"))
     rows = failed[:MAX_FAILING_ROWS]
     chosen = {r.index for r in rows}
     passing = sorted((r for r in compared if r.status == "pass" and r.index not in chosen),
@@ -139,18 +155,18 @@ def _replay_rows(res: Any, subject: str, records: list[Any], target: Any, ref: s
 
 def run_workload_output(ctx: CorrectnessContext) -> None:
     """Row ``workload_output_error`` per workload: its forward on the target vs the reference vs fp64."""
-    res, target, seed, ref = ctx.res, ctx.target, ctx.seed, ctx.reference_device
+    res, target, seed, ref = ctx.res, ctx.target, ctx.seed, ctx.reference_name
     for name in ctx.workloads:
         ctx.progress.note(f"workload output {name} ({ctx.config}) on {target.label} vs {ref}")
-        o = compare_workload(name, ctx.config, target, ref, seed)
+        o = compare_workload(name, ctx.config, target, ctx.reference_device, seed)
         ok = o.err_target <= o.bound
+        against = (f"{o.err_reference:.3g} on {ref}" + (" (bitwise equal)" if o.bitwise else "")
+                   + "; bound max(2 x reference, floor)" if ctx.reference_device is not None else
+                   f"{ref}: judged against the fp64 golden alone; bound floor(float32, K, s)")
         res.add("workload_output_error", f"{name}/{ctx.config}", "error_vs_fp64", o.err_target,
                 threshold=o.bound, dtype="float32", status="pass" if ok else "fail",
                 detail=f"forward output {o.output_shape}: error vs fp64 {o.err_target:.3g} on {target.label}, "
-                       f"{o.err_reference:.3g} on {ref}"
-                       + (" (bitwise equal)" if o.bitwise else "")
-                       + f"; bound max(2 x reference, floor) with sensitivity {o.sensitivity:.3g}, K={o.k}; "
-                         f"seed {seed}")
+                       f"{against} with sensitivity {o.sensitivity:.3g}, K={o.k}; seed {seed}")
 
 
 def run_repeatability(ctx: CorrectnessContext) -> None:

@@ -28,6 +28,7 @@ import torch
 from mystique.replay import runtime as rx
 from mystique.replay.runtime import fill_slots
 
+from ..unsupported import unsupported
 from .semantics import RANDOM_OPS as RANDOM_OPS  # noqa: F401 - the ops never compared
 from .semantics import OutputPlan, base_op_name, output_plan, random_draw
 from .semantics import bind as bind_by_name
@@ -412,9 +413,10 @@ def _run_target(target: Any, tgt: rx.PlanInterpreter, spec: OpSpec, op: dict[str
     try:
         t_res = call_target(target, fn_t, t_args, t_kwargs)
         return [_cpu(v) for v in observe(t_res, t_args, t_kwargs, spec)], "", None
-    except NotImplementedError:  # no kernel for this device (e.g. a CPU-only op of a CPU capture)
-        return None, "", f"no kernel for {tgt_dev.type}"
     except Exception as exc:  # noqa: BLE001 - an op the target cannot run is reported
+        why = unsupported(exc)  # torch's own "no kernel for this dtype/backend" only (a skip); else an error
+        if why:
+            return None, "", f"no kernel for {tgt_dev.type}: {why[:160]}"
         return None, f"raised on the target: {_error_line(exc)}", None
 
 

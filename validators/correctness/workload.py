@@ -8,7 +8,8 @@ error against the golden is at most
 
     bound = max(2 * err_reference, floor(float32, K, s))
 
-with :func:`.tolerance.floor_bound`: ``K`` the longest dot product of the model (the largest
+(without a second device ``bound = floor(float32, K, s)``: the golden alone) with
+:func:`.tolerance.floor_bound`: ``K`` the longest dot product of the model (the largest
 input width of its weight matrices) and ``s`` the model's measured sensitivity, the normwise
 change of the fp64 output when every weight and floating input is multiplied by ``1 + u * r``
 (``u = 2^-24``, ``r`` uniform in [-1, 1]). The rounding errors a correct float32 device makes
@@ -104,23 +105,28 @@ def repeat_workload(name: str, config: str, target: Any, seed: int) -> tuple[boo
     return bitwise_equal(first, again), list(first.shape)
 
 
-def compare_workload(name: str, config: str, target: Any, reference_device: str, seed: int) -> WorkloadOutcome:
+def compare_workload(name: str, config: str, target: Any, reference_device: str | None, seed: int) -> WorkloadOutcome:
     """Run workload ``name`` (``config``) forward on the target, the reference device and in fp64.
 
-    Returns a :class:`WorkloadOutcome` (errors vs fp64, the bound and what it was made of).
+    ``reference_device`` None (no second device): no reference run; the target is judged against
+    the fp64 golden alone, ``bound = floor(float32, K, s)`` (``err_reference`` NaN). Returns a
+    :class:`WorkloadOutcome` (errors vs fp64, the bound and what it was made of).
     """
     mod, base, batch = _build(name, config, seed)
     cpu = torch.device("cpu")
-    tdev, rdev = torch.device(target.device), torch.device(reference_device)
+    tdev = torch.device(target.device)
 
     m_t = copy.deepcopy(base).to(tdev)
     out_t = _first_tensor(call_target(target, mod.forward, [m_t, _batch_to(batch, tdev)], {}))
     out_t = out_t.detach().cpu()
     del m_t
 
-    m_r = copy.deepcopy(base).to(rdev)
-    out_r = _first_tensor(call_reference(mod.forward, [m_r, _batch_to(batch, rdev)], {})).detach().cpu()
-    del m_r
+    out_r = None
+    if reference_device is not None:
+        rdev = torch.device(reference_device)
+        m_r = copy.deepcopy(base).to(rdev)
+        out_r = _first_tensor(call_reference(mod.forward, [m_r, _batch_to(batch, rdev)], {})).detach().cpu()
+        del m_r
 
     m_d = copy.deepcopy(base).to(torch.float64)
     out_d = _first_tensor(call_fp64(mod.forward, [m_d, _batch_to(batch, cpu, float64=True)], {}))
@@ -131,6 +137,11 @@ def compare_workload(name: str, config: str, target: Any, reference_device: str,
     out_p = _first_tensor(call_fp64(mod.forward, [m_p, b_p], {}))
     sens = normwise_error(out_p, out_d)
     k = longest_dot(base)
+    if out_r is None:  # no second device: the golden alone, and the floor a correct device meets
+        scale = float(torch.linalg.vector_norm(out_d))
+        err_t = normwise_error(out_t, out_d, scale=scale) if out_t.shape == out_d.shape else float("inf")
+        return WorkloadOutcome(name, config, err_t, float("nan"), sens, k, floor_bound(torch.float32, k, sens),
+                               False, list(out_d.shape))
     ref_norm = float(torch.linalg.vector_norm(out_r.double()))
     err_r = normwise_error(out_r, out_d, scale=ref_norm)
     err_t = normwise_error(out_t, out_d, scale=ref_norm) if out_t.shape == out_d.shape else float("inf")
