@@ -80,3 +80,17 @@ def test_every_package_folder_is_listed_for_the_wheel():
             rel = init.parent.relative_to(REPO / folder).parts
             found.add(".".join((name, *rel)))
     assert found == listed, f"unlisted: {sorted(found - listed)}; listed but absent: {sorted(listed - found)}"
+
+
+def test_each_workloads_module_imports_no_other_part_of_mystique():
+    """``workloads`` needs only torch: importing any of its modules alone loads no ``mystique.*`` module
+    but the package root and ``mystique.workloads.*`` (the standalone runtime and the validators build
+    on workloads, never the other way)."""
+    names = sorted(p.stem for p in (REPO / "workloads").glob("*.py") if p.stem != "__init__")
+    assert {"base", "llama", "dlrm", "bert"} <= set(names)
+    for name in names:
+        mods = _modules_after(f"import mystique.workloads.{name}")
+        assert f"mystique.workloads.{name}" in mods
+        others = sorted(m for m in mods if m.startswith("mystique.")
+                        and m != "mystique.workloads" and not m.startswith("mystique.workloads."))
+        assert not others and "mystique.workloads" in mods, (name, others)

@@ -47,7 +47,8 @@ from mystique.progress import Progress
 from mystique.results import Results, RunContext
 from mystique.targets import Target
 
-WORKLOADS = ("llama", "dlrm", "bert")
+from .groups import GroupContext, run_groups
+
 LOW_DTYPES = ("float16", "bfloat16")
 
 #: Bound on the normwise relative error between ONNX Runtime and PyTorch, both in float32.
@@ -269,7 +270,7 @@ class _Run:
                  exporter: str, intermediates: bool) -> None:
         subject = f"{name}/{config}"
         dev = self.target.device
-        self.progress.step(f"{subject}: export float32")
+        self.progress.note(f"{subject}: export float32")
         case = onnx_export.workload_case(name, config, seed=self.seed, batch_size=batch_size)
         path = self.work / name / "model.onnx"
         rep = self.export(subject, onnx_export.export_workload, name, config, path, seed=self.seed,
@@ -323,7 +324,7 @@ class _Run:
 
     def benchmark(self, bench: str, exporter: str) -> None:
         subject = f"benchmark:{Path(bench).resolve().name}"
-        self.progress.step(f"{subject}: export")
+        self.progress.note(f"{subject}: export")
         module = onnx_export.benchmark_module(bench, seed=self.seed)
         path = self.work / "benchmark" / "model.onnx"
         rep = self.export(subject, onnx_export.export_module, module, module.example_inputs, path,
@@ -350,7 +351,7 @@ class _Run:
                              detail=f"vs the plan run by torch on the cpu; seed={self.seed}")
 
 
-def run(target: Target, *, workloads: tuple[str, ...] | list[str] = WORKLOADS, config: str = "debug",
+def run(target: Target, *, workloads: tuple[str, ...] | list[str] = wl.WORKLOADS, config: str = "debug",
         seed: int = 0, batch_size: int | None = None, low_precision: tuple[str, ...] | list[str] = LOW_DTYPES,
         intermediates: bool = True, benchmark: str | os.PathLike | None = None, exporter: str = "auto",
         out_dir: str | os.PathLike | None = None, run_id: str | None = None) -> pd.DataFrame:
@@ -361,10 +362,15 @@ def run(target: Target, *, workloads: tuple[str, ...] | list[str] = WORKLOADS, c
     exported with :func:`mystique.onnx_export.export_benchmark` and compared with its eager run.
     The ONNX files (and their ``export_report.json``) are written under ``out_dir/onnx/`` when
     ``out_dir`` is given. Returns the results DataFrame (columns of :data:`mystique.results.COLUMNS`,
-    suite ``onnx``). Raises UsageError for unknown names or dtypes and EnvironmentUnsupported when
-    an ONNX package is missing.
+    suite ``onnx``). Each workload (and the benchmark) is one group of
+    :func:`mystique.validators.groups.run_groups`: one that raises becomes a ``group_error`` row and the
+    next runs. Raises UsageError for unknown names or dtypes and EnvironmentUnsupported when an ONNX
+    package is missing.
     """
     onnx_export.require()
+    workloads = tuple(workloads)
+    if not workloads and not benchmark:
+        raise UsageError(f"no workload or benchmark given; workloads: {', '.join(wl.WORKLOADS)}")
     for name in workloads:
         if name not in wl.names():
             raise UsageError(f"unknown workload {name!r}; known: {', '.join(wl.names())}")
@@ -389,10 +395,11 @@ def run(target: Target, *, workloads: tuple[str, ...] | list[str] = WORKLOADS, c
         total = len(workloads) + (1 if benchmark else 0)
         with Progress("onnx", total=total) as progress:
             r = _Run(ref_target, res, seed, work, progress)
-            for name in workloads:
-                r.workload(name, config, batch_size, low, exporter, intermediates)
+            runners = {name: lambda _ctx, name=name: r.workload(name, config, batch_size, low, exporter,
+                                                                intermediates) for name in workloads}
             if benchmark:
-                r.benchmark(str(benchmark), exporter)
+                runners["benchmark"] = lambda _ctx: r.benchmark(str(benchmark), exporter)
+            run_groups(runners, GroupContext(ref_target, res, seed, "", progress), list(runners))
     finally:
         if tmp is not None:
             tmp.cleanup()

@@ -6,13 +6,14 @@ synthetic batch and a loss. This package needs only torch.
 
 The API every other part uses::
 
-    names()                               -> ["bert", "dlrm", "llama"]
+    WORKLOADS                             -> ("llama", "dlrm", "bert")  (the registry, in its order)
+    names()                               -> ["bert", "dlrm", "llama"]  (sorted)
     get(name)                             -> Workload (the module-level adapter)
     make_step(name, config, mode, device=..., dtype=..., seed=..., batch_size=None) -> Step
 """
 
 from __future__ import annotations
 
-from .base import MODES, Step, Workload, WorkloadTooLarge, get, make_step, names
+from .base import MODES, WORKLOADS, Step, Workload, WorkloadTooLarge, get, make_step, names
 
-__all__ = ["MODES", "Step", "Workload", "WorkloadTooLarge", "get", "make_step", "names"]
+__all__ = ["MODES", "WORKLOADS", "Step", "Workload", "WorkloadTooLarge", "get", "make_step", "names"]

@@ -10,25 +10,30 @@ whose ``fn()`` runs exactly one step:
   returns the output (logits or predictions).
 
 Before anything is allocated, the workload's memory estimate is compared with the memory the
-device has available (:mod:`mystique.hostinfo`); a config that cannot fit raises
-:class:`WorkloadTooLarge`. This package imports only torch and that leaf module (never the rest of
-the mystique core); the CLI maps ``ValueError`` to a usage error and ``WorkloadTooLarge`` to an
-unsupported environment.
+device has available (:func:`available_bytes`); a config that cannot fit raises
+:class:`WorkloadTooLarge`. This package imports only torch (never the mystique core: a test imports
+each module alone and looks); the CLI maps ``ValueError`` to a usage error and ``WorkloadTooLarge``
+to an unsupported environment.
+
+:data:`WORKLOADS` is the registry: the reference workloads in the order the suite runs and lists
+them. Every list of workload names elsewhere (CLI choices, validator defaults) is this one.
 """
 
 from __future__ import annotations
 
 import importlib
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
 
-from mystique.hostinfo import host_memory_bytes
-
 MODES = ("train", "infer")
+#: the registry: workload name -> module of this package, in the order the suite runs them
 _MODULES = {"llama": "llama", "dlrm": "dlrm", "bert": "bert"}
+#: the reference workloads' names, in registry order (:func:`names` gives them sorted)
+WORKLOADS: tuple[str, ...] = tuple(_MODULES)
 _FLOAT_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 
 
@@ -158,11 +163,31 @@ def fill_(param: torch.Tensor, values: torch.Tensor) -> None:
     param.copy_(values)
 
 
+def host_available_bytes() -> int | None:
+    """Host memory available now (``MemAvailable``), where the OS tells.
+
+    The same reading as :func:`mystique.hostinfo.host_memory_bytes`, kept here because both sides
+    must stay leaves: workloads import only torch, and ``hostinfo`` is part of the standalone replay
+    runtime, which never imports workloads.
+    """
+    try:
+        with open("/proc/meminfo", encoding="utf-8") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
 def available_bytes(device: torch.device) -> int | None:
     """Memory available now on ``device`` in bytes (host ``MemAvailable`` for the CPU,
     ``torch.cuda.mem_get_info`` for CUDA), or ``None`` where the backend does not say."""
     if device.type == "cpu":
-        return host_memory_bytes(available=True)
+        return host_available_bytes()
     if device.type == "cuda":
         if not torch.cuda.is_available():
             return None

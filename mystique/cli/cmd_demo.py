@@ -21,8 +21,7 @@ DEMO_TIME_CAP_S = 20.0  # seconds of paired rounds per replay: six replays stay 
 @cli.command("demo")
 @options.output_dir
 @click.option("-c", "--config", default="small", show_default=True, help="Workload size to capture.")
-@click.option("--workloads", "names", default="llama,dlrm,bert", show_default=True, metavar="LIST",
-              help="Comma list of workloads.")
+@options.workloads("Comma list of workloads (default all)")
 @click.option("--modes", default="train,infer", show_default=True, metavar="LIST", help="Comma list of modes.")
 @click.option("--validators", "validator_list", default=",".join(VALIDATORS), show_default=True, metavar="LIST",
               help="Comma list of quick validators to run (empty for none).")
@@ -33,7 +32,7 @@ DEMO_TIME_CAP_S = 20.0  # seconds of paired rounds per replay: six replays stay 
 @options.time_cap(DEMO_TIME_CAP_S)
 @options.seed
 @options.force
-def demo_cmd(output, config, names, modes, validator_list, iters, timing, half_width, time_cap, seed, force) -> int:
+def demo_cmd(output, config, workloads, modes, validator_list, iters, timing, half_width, time_cap, seed, force) -> int:
     """Run the main job on the embedded default and write OUT_DIR/report.html.
 
     Each replay alternates with its captured step rebuilt in the same process (paired rounds, at
@@ -51,11 +50,10 @@ def demo_cmd(output, config, names, modes, validator_list, iters, timing, half_w
     from ..replay.generate import generate
     from ..replay.run import replay
     from ..targets import Target
-    from ..workloads import MODES
-    from ..workloads import names as workload_names
+    from ..workloads import MODES, WORKLOADS
     from .cmd_replay import ratio_words
 
-    wl = _choices(names, workload_names(), "workload", "known:")
+    wl = list(WORKLOADS) if workloads is None else _choices(workloads, WORKLOADS, "workload", "known:")
     md = _choices(modes, MODES, "mode")
     vals = _choices(validator_list.replace("-", "_"), VALIDATORS, "validator")
     devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])

@@ -20,8 +20,7 @@ from .group import cli
               help="The slow device: a slowness fault simulation NAME[:k=v,...] or package.module:factory.")
 @click.option("--duration", type=click.FloatRange(min=0, min_open=True), default=5.0, show_default=True,
               metavar="S", help="Seconds of sustained load per run.")
-@click.option("--workloads", default="dlrm", show_default=True, metavar="LIST",
-              help="Reference workloads each run replays (comma-separated: llama, dlrm, bert).")
+@options.workloads("Reference workloads each run replays", default="dlrm")
 @click.option("--busy", default="0.5,2", show_default=True, metavar="B,P",
               help="The noisy neighbour: a process busy B seconds of every P (0,P: none).")
 @click.option("--margin", type=click.FloatRange(0, 1, max_open=True), default=0.05, show_default=True, metavar="F",

@@ -59,8 +59,8 @@ def export_onnx_cmd(workload, config, output, dtype, seed, batch_size, exporter,
 @options.output_dir
 @options.device
 @options.inject
-@click.option("-w", "--workload", "workloads", multiple=True, type=click.Choice(("llama", "dlrm", "bert")),
-              help="Workload(s) to export and compare (default: all three).")
+@click.option("-w", "--workload", "workloads", multiple=True, type=options.LazyChoice(options.workload_names),
+              help="Workload(s) to export and compare (repeatable; default: all of them).")
 @click.option("-c", "--config", default="debug", show_default=True, help="Named size of the workloads.")
 @click.option("--low-precision", default="float16,bfloat16", show_default=True,
               help="Comma-separated dtypes compared with the fp64 golden; 'none' for none.")
@@ -79,7 +79,7 @@ def validate_onnx_cmd(output, device, inject, workloads, config, low_precision, 
     low = () if low_precision.strip().lower() in ("", "none") else tuple(
         d.strip() for d in low_precision.split(",") if d.strip())
     if not workloads and not benchmark:
-        workloads = ("llama", "dlrm", "bert")
+        workloads = options.workload_names()
     if low and not workloads:
         raise UsageError("--low-precision compares workloads with their fp64 golden: name a --workload")
 

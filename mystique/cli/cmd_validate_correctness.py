@@ -8,8 +8,6 @@ import mystique.cli.options as options
 
 from .cmd_validate import run_validator, validate
 
-_GROUPS = ("operator_replay", "workload_output", "repeatability")
-
 
 @validate.command("correctness")
 @options.device_under_test
@@ -20,10 +18,8 @@ _GROUPS = ("operator_replay", "workload_output", "repeatability")
 @click.option("--reference-device", "reference_device", default="cpu", show_default=True, metavar="DEV",
               help="Device the reference runs on (no --inject mode there); it must differ from --device "
                    "unless --inject or --emulate is given (then it is the device without them).")
-@click.option("--group", "groups", multiple=True, type=click.Choice(_GROUPS), metavar="NAME",
-              help=f"Run only this check group (repeatable): {', '.join(_GROUPS)}.")
-@click.option("--workloads", default=None, metavar="LIST",
-              help="Comma-separated reference workloads (llama,dlrm,bert; default all).")
+@options.group("correctness")
+@options.workloads("Comma-separated reference workloads (default all)")
 @click.option("--threads", type=click.IntRange(0), default=1, show_default=True,
               help="CPU threads while validating (0 keeps torch's setting, e.g. to qualify multi-threaded CPU "
                    "kernels).")

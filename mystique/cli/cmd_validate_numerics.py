@@ -8,8 +8,6 @@ import mystique.cli.options as options
 
 from .cmd_validate import run_validator, validate
 
-_GROUPS = ("conversions", "special_values", "op_sweep", "accumulation", "model_deviation", "repeatability")
-
 
 @validate.command("numerics")
 @options.device_under_test
@@ -18,8 +16,7 @@ _GROUPS = ("conversions", "special_values", "op_sweep", "accumulation", "model_d
               help="Add the GEMM shapes of this benchmark folder (benchmark.json) to the op sweep.")
 @click.option("--dtypes", default="bfloat16,float16,float32", show_default=True, metavar="LIST",
               help="Comma-separated dtypes to check (bfloat16, float16, float32).")
-@click.option("--group", "groups", multiple=True, type=click.Choice(_GROUPS), metavar="NAME",
-              help=f"Run only this check group (repeatable): {', '.join(_GROUPS)}.")
+@options.group("numerics")
 @click.option("--ops", default=None, metavar="LIST", help="Comma-separated operators of the op sweep (default all).")
 @options.force
 def numerics_cmd(output, device, inject, emulate, level, seed, benchmark, dtypes, groups, ops, force) -> int:

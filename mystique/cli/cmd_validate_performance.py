@@ -8,8 +8,6 @@ import mystique.cli.options as options
 
 from .cmd_validate import run_validator, validate
 
-_GROUPS = ("micro", "sustained", "fleet")
-
 
 @validate.command("performance")
 @options.device_under_test
@@ -18,10 +16,8 @@ _GROUPS = ("micro", "sustained", "fleet")
                    "group compares every figure with them.")
 @click.option("--duration", type=click.FloatRange(min=0, min_open=True), default=None, metavar="S",
               help="Seconds of sustained load over all workloads (default: 60 at quick, 600 at full).")
-@click.option("--group", "groups", multiple=True, type=click.Choice(_GROUPS), metavar="NAME",
-              help=f"Run only this check group (repeatable): {', '.join(_GROUPS)}.")
-@click.option("--workloads", default=None, metavar="LIST",
-              help="Comma-separated reference workloads of the sustained group (llama,dlrm,bert; default all).")
+@options.group("performance")
+@options.workloads("Comma-separated reference workloads of the sustained group (default all)")
 @click.option("--margin", type=click.FloatRange(0, 1, max_open=True), default=None, metavar="F",
               help="Fleet margin: fail only when slower than the fleet median by more than F (default 0.05) "
                    "and by more than 3 robust standard deviations of the fleet, with confidence.")

@@ -9,19 +9,14 @@ import mystique.cli.options as options
 from ..errors import UsageError
 from .cmd_validate import run_validator, validate
 
-_GROUPS = ("abft_gemm", "abft_embedding_bag", "abft_fbgemm", "false_positives", "detection_campaign", "pvf",
-           "sdc_screen", "overhead", "overhead_fbgemm")
-
 
 @validate.command("soft-errors")
 @options.device_under_test
-@click.option("--group", "groups", multiple=True, type=click.Choice(_GROUPS), metavar="NAME",
-              help=f"Run only this check group (repeatable): {', '.join(_GROUPS)}.")
+@options.group("soft_errors")
 @click.option("--trials", type=click.IntRange(1), default=None, help="Injected flips of the detection campaign.")
 @click.option("--fp-trials", type=click.IntRange(1), default=None, help="Clean checked operations (false positives).")
 @click.option("--pvf-trials", type=click.IntRange(1), default=None, help="Flips per parameter group for PVF.")
-@click.option("--workloads", default=None, metavar="LIST", help="Comma-separated workloads for PVF and protect "
-              "(dlrm,bert,llama).")
+@options.workloads("Comma-separated workloads for PVF and protect (default all)")
 @click.option("--checkpoint", default=None, metavar="DIR", type=click.Path(file_okay=False),
               help="Folder of campaign checkpoints (a rerun with the same settings resumes from it).")
 @click.option("--overhead-sizes", default=None, metavar="N,N,...",
@@ -44,15 +39,9 @@ def soft_errors_cmd(output, device, inject, emulate, level, seed, groups, trials
     """
     from ..validators import soft_errors  # (torch: imported only when the command runs)
 
-    wl = None
-    if workloads:
-        wl = tuple(w.strip() for w in workloads.split(",") if w.strip())
-        bad = [w for w in wl if w not in ("dlrm", "bert", "llama")]
-        if bad:
-            raise UsageError(f"unknown workload(s) {', '.join(bad)}; expected dlrm, bert, llama")
     return run_validator(soft_errors.run, output, force, device, inject, emulate, level=level, seed=seed,
                          groups=list(groups) or None, trials=trials, fp_trials=fp_trials, pvf_trials=pvf_trials,
-                         workloads=wl, checkpoint=checkpoint, overhead_sizes=_sizes(overhead_sizes),
+                         workloads=workloads, checkpoint=checkpoint, overhead_sizes=_sizes(overhead_sizes),
                          overhead_tables=_tables(overhead_tables), overhead_reps=overhead_reps,
                          overhead_threads=overhead_threads)
 

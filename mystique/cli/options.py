@@ -6,7 +6,8 @@ import options``, which would import the package ``__init__`` that imports them)
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import importlib
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import click
@@ -94,3 +95,72 @@ allow_ops = click.option(
     "outside the namespaces torch and the known workload libraries register (aten, prims, c10d, fbgemm, "
     "torchvision, ...) are skipped otherwise: a trace names the operators the replay calls.",
 )
+
+
+class LazyChoice(click.Choice):
+    """A :class:`click.Choice` whose choices come from ``load()`` on first use (parsing, completion,
+    ``COMMAND --help``), so that defining the commands imports no validator or torch (``mystique --help``
+    stays fast) while the choices stay those of the tables that define them."""
+
+    def __init__(self, load: Callable[[], Iterable[str]], case_sensitive: bool = True) -> None:
+        self._load = load
+        self._loaded: tuple[str, ...] | None = None
+        super().__init__((), case_sensitive)
+
+    @property  # type: ignore[override]
+    def choices(self) -> tuple[str, ...]:
+        if self._loaded is None:
+            self._loaded = tuple(self._load())
+        return self._loaded
+
+    @choices.setter
+    def choices(self, _value: Any) -> None:  # click.Choice.__init__ assigns; ``load`` decides
+        pass
+
+
+class ListedOption(click.Option):
+    """An option whose help ends with names read only when the help is shown (``listing()``): the
+    check groups of a validator, the registry's workloads."""
+
+    def __init__(self, *args: Any, listing: Callable[[], Iterable[str]], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.listing = listing
+
+    def get_help_record(self, ctx: click.Context) -> tuple[str, str] | None:
+        saved = self.help
+        self.help = f"{saved}: {', '.join(self.listing())}."
+        try:
+            return super().get_help_record(ctx)
+        finally:
+            self.help = saved
+
+
+def validator_groups(validator: str) -> tuple[str, ...]:
+    """The check groups of ``mystique.validators.<validator>``: the keys of its ``RUNNERS`` table."""
+    return tuple(importlib.import_module(f"mystique.validators.{validator}").RUNNERS)
+
+
+def group(validator: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """``--group NAME`` (repeatable, parameter ``groups``): a check group of the validator, the choices
+    its ``RUNNERS`` table's keys. Not given: the level's default groups."""
+    names = lambda: validator_groups(validator)  # noqa: E731
+    return click.option(
+        "--group", "groups", multiple=True, type=LazyChoice(names), metavar="NAME", cls=ListedOption,
+        listing=names, help="Run only this check group (repeatable; default: the level's groups)",
+    )
+
+
+def workload_names() -> tuple[str, ...]:
+    """The reference workloads, in registry order (``mystique.workloads.WORKLOADS``; imports torch)."""
+    from .. import workloads
+
+    return workloads.WORKLOADS
+
+
+def workloads(help_text: str, default: str | None = None) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """``--workloads LIST``: comma-separated reference workloads, checked against the registry by the
+    command's validator; ``help_text`` says what they are for, the help lists the registry's names."""
+    return click.option(
+        "--workloads", "workloads", default=default, show_default=default is not None, metavar="LIST",
+        cls=ListedOption, listing=workload_names, help=help_text,
+    )

@@ -21,12 +21,12 @@ reference_device=None, **options)`` returns the results rows (suite ``correctnes
   forward run twice: results must be bit-identical (rows ``replay_repeatability`` naming the first
   differing op, ``workload_repeatability``).
 
-Options: ``workloads`` (names or a comma list; default llama, dlrm, bert), ``config`` (workload
-config instead of the level's ``debug``/``small``), ``worst`` (``op_error_vs_fp64`` rows per
-benchmark besides the failing ones; default 3 at quick, 5 at full), ``threads`` (CPU threads
-while the validator runs, default 1: the per-op comparison runs thousands of small operators
-(and their fp64 recomputations) one at a time, where thread wake-ups dominate; None keeps torch's
-setting, e.g. to qualify a CPU target's multi-threaded kernels).
+Options: ``workloads`` (names or a comma list; default all of :data:`mystique.workloads.WORKLOADS`),
+``config`` (workload config instead of the level's ``debug``/``small``), ``worst``
+(``op_error_vs_fp64`` rows per benchmark besides the failing ones; default 3 at quick, 5 at full),
+``threads`` (CPU threads while the validator runs, default 1: the per-op comparison runs thousands
+of small operators (and their fp64 recomputations) one at a time, where thread wake-ups dominate;
+None keeps torch's setting, e.g. to qualify a CPU target's multi-threaded kernels).
 ``out_dir`` receives ``correctness_ops/<benchmark>.csv`` (one row per op: the comparison) and the
 cached reference captures and plans (``reference_benchmarks/``).
 
@@ -48,9 +48,9 @@ from mystique.hostinfo import torch_threads
 from mystique.progress import Progress
 from mystique.results import Results, RunContext
 
+from ..groups import run_groups, select_groups, select_workloads
 from . import benchmarks as bm
 from . import reference
-from .benchmarks import WORKLOADS
 from .checks import (
     OPS_CSV_COLUMNS,
     CorrectnessContext,
@@ -86,17 +86,6 @@ def _check_level(level: str) -> None:
         raise UsageError(f"unknown level {level!r}; expected quick or full")
 
 
-def _workload_names(value: Any) -> tuple[str, ...]:
-    if value is None:
-        return WORKLOADS
-    names = [v.strip() for v in (value.split(",") if isinstance(value, str) else value) if str(v).strip()]
-    bad = [n for n in names if n not in WORKLOADS]
-    if bad or not names:
-        raise UsageError(f"unknown workload(s) {', '.join(bad) or '(none given)'}; expected some of "
-                         f"{', '.join(WORKLOADS)}")
-    return tuple(dict.fromkeys(names))
-
-
 def run(target: Any, *, level: str = "quick", seed: int = 0, groups: Iterable[str] | None = None,
         out_dir: Any = None, benchmark: Any = None, reference_device: str | None = None, **options: Any):
     """Run the correctness checks on ``target``; return the results DataFrame (``mystique.results`` columns).
@@ -105,20 +94,19 @@ def run(target: Any, *, level: str = "quick", seed: int = 0, groups: Iterable[st
     the built-in reference benchmarks. ``reference_device``: where the reference runs (checked
     like ``--device``; None: the CPU, or no second device for an unmodified CPU target; the
     target's own device only with an inject or emulate, else a UsageError: :mod:`.reference`).
-    Raises UsageError for unknown groups, levels, options or workloads, and
-    EnvironmentUnsupported when the reference device is absent.
+    ``groups``: None for all, else a non-empty selection; a group that raises
+    becomes a ``group_error`` row (:mod:`mystique.validators.groups`). Raises UsageError for unknown
+    groups, levels, options or workloads, and EnvironmentUnsupported when the reference device is
+    absent.
     """
     _check_level(level)
-    chosen = list(GROUPS) if groups is None else list(groups)
-    unknown = [g for g in chosen if g not in GROUPS]
-    if unknown:
-        raise UsageError(f"unknown correctness group(s) {', '.join(unknown)}; known: {', '.join(GROUPS)}")
+    chosen = select_groups("correctness", groups, GROUPS, GROUPS)
     extra = [k for k in options if k not in _OPTIONS]
     if extra:
         raise UsageError(f"unknown correctness option(s) {', '.join(extra)}; known: {', '.join(_OPTIONS)}")
     ref = reference.choose(target, reference_device, chosen)
     defaults = LEVEL_DEFAULTS[level]
-    names = _workload_names(options.get("workloads"))
+    names = select_workloads(options.get("workloads"))
     config = options.get("config") or bm.LEVELS[level]["config"]
     for n in names:
         if config not in wl.get(n).CONFIGS:
@@ -142,7 +130,5 @@ def run(target: Any, *, level: str = "quick", seed: int = 0, groups: Iterable[st
                                  options=options, out_dir=out_dir, reference_device=ref.device, benchmarks=benches,
                                  workloads=names, config=config, worst=worst, reference_label=ref.label)
         stack.enter_context(torch_threads(threads))
-        for name in chosen:
-            progress.step(f"group {name}")
-            RUNNERS[name](ctx)
+        run_groups(RUNNERS, ctx, chosen)
     return res.frame()

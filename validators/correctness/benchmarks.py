@@ -22,11 +22,11 @@ from typing import Any
 
 import torch
 
+from mystique import workloads as wl
 from mystique.capture import capture
 from mystique.replay import generate, plan_from_path
 from mystique.replay import runtime as ex
 
-WORKLOADS: tuple[str, ...] = ("llama", "dlrm", "bert")
 MODES: tuple[str, ...] = ("infer", "train")
 LEVELS: dict[str, dict[str, Any]] = {
     "quick": {"config": "debug", "dtypes": {"infer": ("float32", "bfloat16"), "train": ("float32",)}},
@@ -109,7 +109,7 @@ def reference(workload: str, config: str, mode: str, dtype: str, root: Path, pro
     return Benchmark(subject, json.loads(json.dumps(plan)), bench_dir)
 
 
-def references(level: str, root: Path, workloads: tuple[str, ...] = WORKLOADS, config: str | None = None,
+def references(level: str, root: Path, workloads: tuple[str, ...] = wl.WORKLOADS, config: str | None = None,
                progress: Any = None) -> list[Benchmark]:
     """Every built-in reference benchmark of ``level`` (see the module docstring)."""
     spec = LEVELS[level]

@@ -41,6 +41,7 @@ from mystique.errors import UsageError
 from mystique.progress import Progress
 from mystique.results import Results, RunContext
 
+from ..groups import run_groups, select_groups
 from ._ctx import Ctx
 from ._fp import SWEEP_DTYPES
 from .accumulation import run_accumulation
@@ -88,15 +89,13 @@ def run(target: Any, *, level: str = "quick", seed: int = 0, groups: Iterable[st
         out_dir: Any = None, **options: Any):
     """Run the numerics checks on ``target``; return the results DataFrame (``mystique.results`` columns).
 
-    ``groups`` selects check groups (default: all of ``groups(level)``). ``out_dir`` is accepted
-    for the CLI contract (nothing extra is written). Raises UsageError for unknown groups, dtypes,
-    ops or levels.
+    ``groups`` selects check groups (None: all of ``groups(level)``; an empty selection is a
+    UsageError); a group that raises becomes a ``group_error`` row (:mod:`mystique.validators.groups`).
+    ``out_dir`` is accepted for the CLI contract (nothing extra is written). Raises UsageError for
+    unknown groups, dtypes, ops or levels.
     """
     _check_level(level)
-    chosen = list(GROUPS) if groups is None else list(groups)
-    unknown = [g for g in chosen if g not in GROUPS]
-    if unknown:
-        raise UsageError(f"unknown numerics group(s) {', '.join(unknown)}; known: {', '.join(GROUPS)}")
+    chosen = select_groups("numerics", groups, GROUPS, GROUPS)
     dtypes = _parse_dtypes(options.pop("dtypes", None))
     if options.get("ops"):
         ops = options["ops"]
@@ -105,7 +104,5 @@ def run(target: Any, *, level: str = "quick", seed: int = 0, groups: Iterable[st
     progress = Progress("numerics", total=len(chosen))
     ctx = Ctx(target=target, res=res, seed=int(seed), level=level, progress=progress, options=options,
               out_dir=out_dir, dtypes=dtypes)
-    for name in chosen:
-        progress.note(f"group {name}")
-        RUNNERS[name](ctx)
+    run_groups(RUNNERS, ctx, chosen)
     return res.frame()

@@ -16,12 +16,13 @@ returns the results rows (suite ``performance``); ``groups(level)`` names the ch
   confidence.
 
 Options: ``baseline`` (results.csv files or folders of peers), ``duration`` (seconds of sustained
-load in all, default 60 at quick and 600 at full), ``workloads`` (names or a comma list; default
-llama, dlrm, bert), ``margin`` (fleet margin, default 0.05), ``threads`` (CPU threads, default:
-the CPUs this process may use), ``paired`` (default True: with a mode injected, pair it against the
-device without it). ``out_dir`` receives ``step_times.csv`` (every step: its seconds, the seconds this
-process's threads waited for a CPU during it, and whether that left it undisturbed (:mod:`.timed`);
-the fleet summary's per-step distribution) and the reference benchmarks.
+load in all, default 60 at quick and 600 at full), ``workloads`` (names or a comma list; default all
+of :data:`mystique.workloads.WORKLOADS`), ``margin`` (fleet margin, default 0.05), ``threads`` (CPU
+threads, default: the CPUs this process may use), ``paired`` (default True: with a mode injected,
+pair it against the device without it). ``out_dir`` receives ``step_times.csv`` (every step: its
+seconds, the seconds this process's threads waited for a CPU during it, and whether that left it
+undisturbed (:mod:`.timed`); the fleet summary's per-step distribution) and the reference
+benchmarks.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from mystique.io import write_csv as write_table
 from mystique.progress import Progress
 from mystique.results import Results, RunContext
 
+from ..groups import run_groups, select_groups, select_workloads
 from ._ctx import Measured, PerformanceContext
 from .compare import run_fleet
 from .fleet import results_paths
@@ -48,7 +50,6 @@ RUNNERS: dict[str, Callable[[PerformanceContext], None]] = {
     "micro": run_micro, "sustained": run_sustained, "fleet": run_fleet,
 }
 GROUPS: tuple[str, ...] = tuple(RUNNERS)
-WORKLOADS: tuple[str, ...] = ("llama", "dlrm", "bert")
 _COMMON = {"min_reps": 7, "drift_tolerance": 0.10, "mode_margin": 0.05, "paired_share": 0.5, "warmup_steps": 3,
            "gemm_n_cpu": 1024, "gemm_n_cuda": 8192, "mem_bytes_cpu": 64 << 20, "mem_bytes_cuda": 1 << 30,
            "transfer_bytes": 256 << 20}
@@ -67,18 +68,6 @@ def groups(level: str = "quick") -> list[str]:
     return list(GROUPS)
 
 
-def _workloads(value: Any) -> tuple[str, ...]:
-    """The sustained group's workloads: ``value`` (names or a comma list) checked, or all of them."""
-    if value is None:
-        return WORKLOADS
-    items = value.split(",") if isinstance(value, str) else list(value)
-    names = tuple(dict.fromkeys(str(x).strip() for x in items if str(x).strip()))
-    unknown = [n for n in names if n not in WORKLOADS] or ([] if names else ["(none given)"])
-    if unknown:
-        raise UsageError(f"unknown workload(s) {', '.join(unknown)}; expected some of {', '.join(WORKLOADS)}")
-    return names
-
-
 def _settings(level: str, options: dict[str, Any]) -> dict[str, Any]:
     s = dict(LEVELS[level])
     if options.get("duration") is not None:
@@ -87,7 +76,7 @@ def _settings(level: str, options: dict[str, Any]) -> dict[str, Any]:
             raise UsageError(f"duration {options['duration']} must be positive (seconds)")
     if options.get("margin") is not None and not 0 <= float(options["margin"]) < 1:
         raise UsageError(f"margin {options['margin']} must be within 0..1")
-    s["workloads"] = _workloads(options.get("workloads"))
+    s["workloads"] = select_workloads(options.get("workloads"))
     s["paired"] = bool(options.get("paired", True))
     return s
 
@@ -96,15 +85,16 @@ def run(target: Any, *, level: str = "quick", seed: int = 0, groups: Iterable[st
         out_dir: Any = None, baseline: Any = (), **options: Any):
     """Run the performance checks on ``target``; return the results DataFrame (suite ``performance``).
 
-    Raises UsageError for unknown levels, groups, options or workloads and unreadable baselines.
+    ``groups``: None for all, else a non-empty selection; a group that raises becomes a
+    ``group_error`` row (:mod:`mystique.validators.groups`). Raises UsageError for unknown levels,
+    groups, options or workloads and unreadable baselines.
     """
     if level not in LEVELS:
         raise UsageError(f"unknown level {level!r}; expected quick or full")
-    chosen = list(GROUPS) if groups is None else list(groups)
-    for what, given, known in (("group", chosen, GROUPS), ("option", list(options), _OPTIONS)):
-        bad = [x for x in given if x not in known]
-        if bad:
-            raise UsageError(f"unknown performance {what}(s) {', '.join(bad)}; known: {', '.join(known)}")
+    chosen = select_groups("performance", groups, GROUPS, GROUPS)
+    bad = [x for x in options if x not in _OPTIONS]
+    if bad:
+        raise UsageError(f"unknown performance option(s) {', '.join(bad)}; known: {', '.join(_OPTIONS)}")
     settings = _settings(level, options)
     if baseline:
         results_paths([baseline] if isinstance(baseline, str) else list(baseline))  # bad paths: before any work
@@ -116,9 +106,7 @@ def run(target: Any, *, level: str = "quick", seed: int = 0, groups: Iterable[st
                              device_name=ctx_run.device_name)
     threads = options.get("threads") or len(os.sched_getaffinity(0))
     with torch_threads(threads):
-        for name in chosen:
-            progress.step(f"group {name}")
-            RUNNERS[name](ctx)
+        run_groups(RUNNERS, ctx, chosen)
     if out_dir is not None and ctx.step_times:
         os.makedirs(out_dir, exist_ok=True)
         write_table(os.path.join(out_dir, "step_times.csv"), ("subject", "step", "seconds", "waited_s", "undisturbed"),

@@ -42,6 +42,7 @@ from mystique.progress import Progress
 from mystique.targets import make_target
 from mystique.timing import loadavg
 
+from ..groups import select_workloads
 from .fleet import COMPARED, DEFAULT_MARGIN, Judgement, interval_of, judgement
 
 _BUSY = ("import time,sys\nb,p=float(sys.argv[1]),float(sys.argv[2])\n"
@@ -81,8 +82,6 @@ def campaign(out_dir: str | os.PathLike, *, runs: int = 20, fault: str = "thrott
              workloads: str = "dlrm", busy_s: float = 0.5, period_s: float = 2.0, margin: float = DEFAULT_MARGIN,
              seed: int = 0, device: str = "cpu", schedule: str = "at-once") -> pd.DataFrame:
     """Run the campaign (see the module docstring); UsageError for settings that cannot be run."""
-    from . import _workloads
-
     if runs < 3:
         raise UsageError(f"runs {runs}: a fleet needs at least 3 healthy runs to estimate its spread")
     if not duration > 0:
@@ -91,7 +90,7 @@ def campaign(out_dir: str | os.PathLike, *, runs: int = 20, fault: str = "thrott
         raise UsageError(f"--busy {busy_s:g},{period_s:g}: the busy seconds must lie within a positive period")
     if schedule not in SCHEDULES:
         raise UsageError(f"unknown schedule {schedule!r}; expected one of {', '.join(SCHEDULES)}")
-    names = _workloads(workloads)  # unknown names: refused before anything runs
+    names = select_workloads(workloads)  # unknown names: refused before anything runs
     healthy_t, faulty_t = make_target(device), make_target(device, fault)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -35,11 +35,11 @@ from .abft import (
     verify_linear,
 )
 from .protect import protect
-from .runner import GROUPS, groups, run
+from .runner import GROUPS, RUNNERS, groups, run
 from .stats import wilson
 
 __all__ = [
-    "GROUPS", "CheckReport", "CheckedTable", "EmbeddingChecks", "QuantizedTable", "checked_embedding_bag",
+    "GROUPS", "RUNNERS", "CheckReport", "CheckedTable", "EmbeddingChecks", "QuantizedTable", "checked_embedding_bag",
     "checked_linear", "checked_mm", "checked_quantized_embedding_bag", "checked_table", "encode_linear", "groups",
     "protect", "run", "verify_bag_output", "verify_linear", "wilson",
 ]

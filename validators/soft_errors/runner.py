@@ -34,12 +34,13 @@ from typing import Any
 
 import pandas as pd
 
-from mystique.errors import EnvironmentUnsupported, UsageError
+from mystique import workloads
+from mystique.errors import UsageError
 from mystique.hostinfo import torch_threads
 from mystique.progress import Progress
 from mystique.results import Results, RunContext
 
-from ..groups import GroupContext
+from ..groups import GroupContext, run_groups, select_groups, select_workloads
 from .checks import RUNNERS
 
 GROUPS = tuple(RUNNERS)
@@ -51,12 +52,12 @@ LEVELS: dict[str, dict[str, Any]] = {
     "quick": {"trials": 900, "fp_trials": 2000, "pvf_trials": 24, "pvf_config": "debug", "sdc_runs": 4,
               "overhead_sizes": (1024, 2048), "overhead_reps": 31, "overhead_threads": 1,
               "overhead_tables": ((100_000, 64, 2048, 40), (100_000, 128, 2048, 40)),
-              "workloads": ("dlrm", "bert", "llama")},
+              "workloads": workloads.WORKLOADS},
     "full": {"trials": 30000, "fp_trials": 30000, "pvf_trials": 200, "pvf_config": "small", "sdc_runs": 20,
              "overhead_sizes": (1024, 2048), "overhead_reps": 41, "overhead_threads": 1,
              "overhead_tables": ((100_000, 16, 2048, 40), (100_000, 64, 2048, 40), (100_000, 128, 2048, 40),
                                  (1_000_000, 64, 2048, 20), (100_000, 256, 512, 100)),
-             "workloads": ("dlrm", "bert", "llama")},
+             "workloads": workloads.WORKLOADS},
 }
 
 
@@ -69,13 +70,13 @@ def groups(level: str = "quick") -> list[str]:
     ``overhead`` (a property of the checker, timed, so sensitive to a busy host) runs at ``full`` or
     when named; ``quick`` runs the others, sized small.
     """
+    return _level_groups(level)
+
+
+def _level_groups(level: str) -> list[str]:
     if level not in LEVELS:
         raise UsageError(f"unknown level {level!r}; expected quick or full")
     return [g for g in GROUPS if level == "full" or g not in _TIMED_GROUPS]
-
-
-def _groups_of(level: str) -> list[str]:
-    return groups(level)
 
 
 def run(target: Any, *, level: str = "quick", seed: int = 0, groups: list[str] | tuple[str, ...] | None = None,
@@ -90,18 +91,18 @@ def run(target: Any, *, level: str = "quick", seed: int = 0, groups: list[str] |
     checkpoints are JSONL files in that folder, one per campaign, keyed on everything that changes an
     outcome (:func:`.checks.common.campaign_key`; torch and mystique versions): a rerun with the same settings resumes, one with other settings (another device model,
     fault, emulation, seed, level or trial count) raises :class:`UsageError` naming what differs.
+    ``groups``: None for the level's groups, else a non-empty selection; a group that raises becomes a
+    ``group_error`` row (:mod:`mystique.validators.groups`).
     """
     if level not in LEVELS:
         raise UsageError(f"unknown level {level!r}; expected quick or full")
-    chosen = list(groups) if groups else _groups_of(level)
-    unknown = [g for g in chosen if g not in GROUPS]
-    if unknown:
-        raise UsageError(f"unknown soft-error group(s) {', '.join(unknown)}; known: {', '.join(GROUPS)}")
+    chosen = select_groups("soft-error", groups, GROUPS, _level_groups(level))
     opts = {**LEVELS[level], "level": level}
     bad = [k for k in options if k not in (*LEVELS[level], "ops", "checkpoint", "workload_seeds", "sdc_kernels")]
     if bad:
         raise UsageError(f"unknown soft-error option(s) {', '.join(bad)}")
     opts.update({k: v for k, v in options.items() if v is not None})
+    opts["workloads"] = select_workloads(opts["workloads"])
     if opts.get("checkpoint") is None and out_dir is not None:
         opts["checkpoint"] = out_dir
     if opts.get("checkpoint") is not None:
@@ -109,20 +110,9 @@ def run(target: Any, *, level: str = "quick", seed: int = 0, groups: list[str] |
     res = Results(RunContext.for_target(target), "soft_errors")
     prog = Progress("soft_errors", total=len(chosen))
     ctx = GroupContext(target, res, seed, level, prog, opts, Path(out_dir) if out_dir is not None else None)
-    for name in chosen:
-        prog.step(name)
-        before = len(res)
-        try:
-            with torch_threads(1 if name in _SMALL_OP_GROUPS else None, target.device):
-                RUNNERS[name](ctx)
-        except (UsageError, MemoryError):
-            raise
-        except Exception as exc:  # one group failing must not hide the others
-            if isinstance(exc, EnvironmentUnsupported):
-                res.add(name, "group", "ran", 0, status="skip", detail=str(exc))
-            else:
-                res.add(name, "group", "ran", 0, status="error",
-                        detail=f"{type(exc).__name__}: {exc} (seed={seed}, level={level})")
-        if len(res) == before:
-            res.add(name, "group", "ran", 0, status="skip", detail="nothing to check")
+
+    def threads(name: str) -> Any:
+        return torch_threads(1 if name in _SMALL_OP_GROUPS else None, target.device)
+
+    run_groups(RUNNERS, ctx, chosen, scope=threads)
     return res.frame()
