@@ -3,11 +3,11 @@
 :func:`campaign` simulates a fleet on this host: ``runs`` healthy devices and ``runs`` devices under
 a slowness fault (``throttle`` by default), each replaying the reference workloads' benchmarks for
 ``duration`` seconds, while a background process keeps one of this process's CPUs busy part of the
-time (``busy_s`` busy out of every ``period_s``: the noisy neighbour of the target). Each healthy
-run is judged against the other healthy runs (leave one out) and each faulty run against all
-healthy runs, by :func:`.fleet.judge` over the compared figures; a run is flagged when any of its
-fleet rows fails. No paired mode rows are run (they would flag the fault by themselves): this
-measures the fleet comparison alone.
+time (``busy_s`` busy out of every ``period_s``: the noisy neighbour of the target, :mod:`.neighbour`,
+which dies with this process however it ends). Each healthy run is judged against the other healthy
+runs (leave one out) and each faulty run against all healthy runs, by :func:`.fleet.judge` over the
+compared figures; a run is flagged when any of its fleet rows fails. No paired mode rows are run
+(they would flag the fault by themselves): this measures the fleet comparison alone.
 
 Two schedules:
 
@@ -28,8 +28,6 @@ and figure: what the fleet's verdict on that figure reads) and writes each run's
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -44,9 +42,7 @@ from mystique.timing import loadavg
 
 from ..groups import select_workloads
 from .fleet import COMPARED, DEFAULT_MARGIN, Judgement, interval_of, judgement
-
-_BUSY = ("import time,sys\nb,p=float(sys.argv[1]),float(sys.argv[2])\n"
-         "while True:\n t=time.perf_counter()\n while time.perf_counter()-t<b: pass\n time.sleep(max(p-b,0))\n")
+from .neighbour import neighbour
 
 
 def _figures(df: pd.DataFrame) -> dict[tuple[str, str, str, str], tuple[float, float, float]]:
@@ -97,13 +93,8 @@ def campaign(out_dir: str | os.PathLike, *, runs: int = 20, fault: str = "thrott
     specs = [(f"{side}-{i:02d}", target, seed + i) for i in range(runs)
              for side, target in (("healthy", healthy_t), ("faulty", faulty_t))]
     measure = _at_once if schedule == "at-once" else _sequential
-    busy = subprocess.Popen([sys.executable, "-c", _BUSY, str(busy_s), str(period_s)]) if busy_s > 0 else None
-    try:
+    with neighbour(busy_s, period_s):  # dies with this process, however it ends (.neighbour)
         frames = measure(specs, out, duration=duration, workloads=names, seed=seed)
-    finally:
-        if busy is not None:
-            busy.terminate()
-            busy.wait(timeout=10)
     for name, df in frames.items():
         folder = out / name
         folder.mkdir(exist_ok=True)
