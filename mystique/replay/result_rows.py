@@ -156,7 +156,7 @@ def _paired_rows(res: _Rows, summary: dict[str, Any], plan: Plan, device: str, s
                                  "host, may decide)"}.get(str(verdict), "")
               + (f"; load average {load[0]:.2f}" if load else "") + f"; seed {seed}")
     res.add("replay_step_time_ratio", subject, "ratio", ratio, threshold=edge, dtype=dtype, status=verdict,
-            detail=detail)
+            low=lo, high=hi, detail=detail)
     res.add("replay_step_time_ratio", subject, "ratio_ci_low", lo, dtype=dtype, status="info",
             detail="95% interval of the median paired ratio (order statistics), lower bound")
     res.add("replay_step_time_ratio", subject, "ratio_ci_high", hi, dtype=dtype, status="info",
