@@ -18,7 +18,8 @@ from mystique.results import read_csv
 from mystique.targets import Target
 
 REPO = Path(__file__).resolve().parents[1]
-SUITES = {"numerics": numerics, "soft_errors": soft_errors, "correctness": correctness, "performance": performance}
+SUITES = {"numerics": numerics, "soft_errors": soft_errors, "correctness": correctness,
+          "performance": performance}
 COMMANDS = {"numerics": "numerics", "soft_errors": "soft-errors", "correctness": "correctness",
             "performance": "performance"}
 
@@ -74,7 +75,8 @@ def test_a_group_that_raises_becomes_an_error_row_and_the_next_group_runs(suite,
     assert ran == [first, second, *rest]
     err = df[df["check"] == "group_error"].iloc[0]
     assert (err["subject"], err["status"]) == (first, "error")
-    assert err["detail"].startswith("RuntimeError: boom (seed=7, level=quick)") and "second line" not in err["detail"]
+    assert err["detail"].startswith("RuntimeError: boom (seed=7, level=quick)")
+    assert "second line" not in err["detail"]
     skip = df[df["check"] == "group_skipped"].iloc[0]
     assert (skip["subject"], skip["status"]) == (second, "skip") and "no such device here" in skip["detail"]
     assert list(df.loc[df["check"] == "fake_check", "subject"]) == rest
@@ -123,7 +125,8 @@ def test_cli_error_row_names_the_command_that_reproduces_it(monkeypatch, tmp_pat
 
 
 def test_cli_refuses_a_group_its_validator_does_not_have(tmp_path):
-    res = CliRunner().invoke(cli, ["validate", "performance", "-o", str(tmp_path / "o"), "--group", "op_sweep"])
+    res = CliRunner().invoke(cli, ["validate", "performance", "-o", str(tmp_path / "o"),
+                                   "--group", "op_sweep"])
     assert res.exit_code == 2 and "op_sweep" in res.output
 
 

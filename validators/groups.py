@@ -57,7 +57,8 @@ class GroupContext:
         return self.level == "full"
 
 
-def select_groups(suite: str, given: Iterable[str] | None, known: Sequence[str], default: Sequence[str]) -> list[str]:
+def select_groups(suite: str, given: Iterable[str] | None, known: Sequence[str],
+                  default: Sequence[str]) -> list[str]:
     """The groups a run of ``suite`` runs: ``default`` for None, else ``given`` checked against ``known``.
 
     Raises UsageError for an empty selection or unknown names; repeats are dropped, order kept.

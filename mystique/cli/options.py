@@ -157,7 +157,8 @@ def workload_names() -> tuple[str, ...]:
     return workloads.WORKLOADS
 
 
-def workloads(help_text: str, default: str | None = None) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+def workloads(help_text: str,
+              default: str | None = None) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """``--workloads LIST``: comma-separated reference workloads, checked against the registry by the
     command's validator; ``help_text`` says what they are for, the help lists the registry's names."""
     return click.option(
