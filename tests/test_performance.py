@@ -247,22 +247,23 @@ def healthy_run(tmp_path_factory) -> Path:
 
 def test_sustained_rows_hold_the_distribution_drift_and_clocks(healthy_run):
     df = results.read_csv(healthy_run / "results.csv")
-    metrics = set(df.loc[df["check"] == "step_time", "metric"])
+    guard = df[df["check"] == "host_contention"].iloc[0]
+    enough = guard["status"] == "pass"
+    check = "step_time" if enough else "step_time_disturbed"  # a busy host's figures are not compared
+    metrics = set(df.loc[df["check"] == check, "metric"])
     assert {"median_ms", "p05_ms", "p95_ms", "p99_ms", "mean_ms"} <= metrics
     assert {"step_cv", "stalls", "throughput_drift", "clock_drop", "host_contention"} <= set(df["check"])
     assert "mode_slowdown" not in set(df["check"])  # nothing injected: nothing to pair
     steps = pd.read_csv(healthy_run / "step_times.csv")
-    guard = df[df["check"] == "host_contention"].iloc[0]
     assert len(steps) == int(re.search(r"of (\d+) calls undisturbed", guard["detail"])[1])
     assert guard["value"] == steps["undisturbed"].sum()
     assert (steps["undisturbed"] == (steps["waited_s"] <= timed.EPS * steps["seconds"])).all()
-    enough = guard["status"] == "pass"
-    check = "step_time" if enough else "step_time_disturbed"  # a busy host's figures are not compared
     median = df[(df["check"] == check) & (df["metric"] == "median_ms")]["value"].iloc[0]
     chosen = steps.loc[steps["undisturbed"] == 1, "seconds"] if enough else steps["seconds"]
     assert median == pytest.approx(quantile(list(chosen * 1e3), 0.5))  # the figure is over the undisturbed steps
 
 
+@pytest.mark.slow  # end to end on this host's clock; the verdict logic: the synthetic fleets below
 def test_a_throttled_device_fails_paired_and_against_its_fleet(healthy_run, tmp_path):
     out = tmp_path / "slow"
     code = main(["-q", "validate", "performance", "-o", str(out), *SUSTAINED, "--group", "fleet",
@@ -272,9 +273,8 @@ def test_a_throttled_device_fails_paired_and_against_its_fleet(healthy_run, tmp_
     assert df.loc[df["check"] == "mode_slowdown", "status"].tolist() == ["fail"]
     base = results.read_csv(healthy_run / "results.csv")
     busy = [d for d in (base, df) if (d.loc[d["check"] == "host_contention", "status"] != "pass").any()]
-    if busy:  # a figure the host disturbed is never compared: no verdict either way
-        assert "fleet_step_time" not in set(df["check"])
-        pytest.skip("the host was too busy for undisturbed steps (host_contention inconclusive)")
+    # a figure the host disturbed is never compared: a benchmark run on a busy host proves nothing here
+    assert not busy, "the host was too busy for undisturbed steps (host_contention inconclusive): run it on a quiet host"
     row = df[(df["check"] == "fleet_step_time") & (df["metric"] == "median_ms_slowdown")].iloc[0]
     assert row["status"] == "fail" and row["value"] > 2 and "reproduce: mystique validate performance" in row["detail"]
 
