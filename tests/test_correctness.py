@@ -15,7 +15,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatc
 from torch.utils._pytree import tree_map
 
 from mystique.errors import EnvironmentUnsupported, UsageError
-from mystique.results import COLUMNS
+from mystique.results import COLUMNS, read_csv
 from mystique.targets import Target, make_target
 
 MATMUL = ("aten::linear", "aten::mm", "aten::addmm", "aten::bmm", "aten::matmul", "aten::baddbmm")
@@ -325,10 +325,17 @@ def test_a_device_compared_with_itself_is_refused(mlp_bench, tmp_path, cli_run):
     passed whatever it computed."""
     with pytest.raises(UsageError, match="--reference-device must differ from --device"):
         correctness.run(Target("cpu"), reference_device="cpu", benchmark=mlp_bench, groups=["operator_replay"])
-    code, _, stderr = cli_run("validate", "correctness", "-o", str(tmp_path / "same"), "--benchmark", str(mlp_bench))
+    code, _, stderr = cli_run("validate", "correctness", "-o", str(tmp_path / "same"), "--benchmark", str(mlp_bench),
+                              "--reference-device", "cpu")
     assert code == 2 and not (tmp_path / "same").exists()
     line, = [x for x in stderr.splitlines() if x.strip()]
     assert line.startswith("mystique: error: --reference-device must differ from --device (both cpu)")
+    # by default a lone CPU has no second device: the operator comparison is a skip that says so
+    code, _, _ = cli_run("-q", "validate", "correctness", "-o", str(tmp_path / "lone"), "--benchmark", str(mlp_bench),
+                         "--group", "operator_replay")
+    assert code == 3
+    df = read_csv(tmp_path / "lone" / "results.csv")
+    assert set(df["status"]) == {"skip"} and df["detail"].str.contains("no second device").all()
     # repeatability runs on the target alone: no reference, nothing refused
     df = correctness.run(Target("cpu"), reference_device="cpu", benchmark=mlp_bench, groups=["repeatability"])
     assert _rows(df, "replay_repeatability").loc["mlp_bench", "status"] == "pass"

@@ -15,9 +15,11 @@ from .cmd_validate import run_validator, validate
               type=click.Path(exists=True, file_okay=True, dir_okay=True),
               help="Replay this benchmark (folder, benchmark.json, trace folder or ET file) instead of the "
                    "built-in reference benchmarks.")
-@click.option("--reference-device", "reference_device", default="cpu", show_default=True, metavar="DEV",
+@click.option("--reference-device", "reference_device", default=None, metavar="DEV",
               help="Device the reference runs on (no --inject mode there); it must differ from --device "
-                   "unless --inject or --emulate is given (then it is the device without them).")
+                   "unless --inject or --emulate is given (then it is the device without them). Default: cpu, "
+                   "or, for an unmodified cpu, none: operators are then not compared across devices (a skip "
+                   "row) and workload outputs are judged against fp64 goldens alone.")
 @options.group("correctness")
 @options.workloads("Comma-separated reference workloads (default all)")
 @click.option("--threads", type=click.IntRange(0), default=1, show_default=True,
