@@ -239,17 +239,24 @@ class Counts:
     """How a results table reads to a person: checks (not measurements), failures, measurements."""
 
     checks: int  # rows with a verdict: pass, fail, inconclusive, error (skips are counted apart)
-    failed: int  # fail + error + inconclusive
-    inconclusive: int
+    failed: int  # fail + error + inconclusive: the bad rows
+    inconclusive: int  # undecided: an interval straddling its band (counted in failed, said apart)
     skipped: int
     measurements: int  # info rows
 
     @property
+    def decided_failures(self) -> int:
+        """fail and error rows: the bad rows that are not merely undecided."""
+        return self.failed - self.inconclusive
+
+    @property
     def line(self) -> str:
-        """``N checks, M failed, K measurements`` (with skips and inconclusive ones when any)."""
-        inconclusive = f" ({self.inconclusive} inconclusive)" if self.inconclusive else ""
+        """``N checks, M failed, K measurements`` (with undecided ones and skips when any): failed counts
+        fail and error rows, undecided the inconclusive ones."""
+        undecided = f", {self.inconclusive} undecided" if self.inconclusive else ""
         skipped = f", {self.skipped} skipped" if self.skipped else ""
-        return f"{self.checks} checks, {self.failed} failed{inconclusive}{skipped}, {self.measurements} measurements"
+        return (f"{self.checks} checks, {self.decided_failures} failed{undecided}{skipped}, "
+                f"{self.measurements} measurements")
 
 
 def counts(df: pd.DataFrame) -> Counts:
@@ -279,15 +286,21 @@ def with_reproduce(df: pd.DataFrame, command: str) -> pd.DataFrame:
     return out
 
 
+FAILED = 1  # exit code of a run in which a check failed or errored
 NOTHING_CHECKED = 3  # exit code of a run in which no row carries a verdict (every row skipped or info)
+UNDECIDED = 4  # exit code of a run whose only bad rows are inconclusive (no fail, no error)
+#: the exit codes of a run that ran and judged (or could not judge) the device: 0, failed, undecided
+VERDICT_CODES: tuple[int, ...] = (0, FAILED, UNDECIDED)
 
 
 def exit_code(df: pd.DataFrame) -> int:
-    """1 when any check failed, errored or was inconclusive; 3 when nothing was checked (every
-    row skipped or a measurement, or no row); else 0."""
+    """1 when any check failed or errored; 4 (undecided) when the only bad rows are inconclusive; 3 when
+    nothing was checked (every row skipped or a measurement, or no row); else 0."""
     c = counts(df)
-    if c.failed:
-        return 1
+    if c.decided_failures:
+        return FAILED
+    if c.inconclusive:
+        return UNDECIDED
     if not c.checks:
         return NOTHING_CHECKED
     return 0

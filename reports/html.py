@@ -276,19 +276,19 @@ def _bad_row_class(counts: dict[str, Any]) -> str:
 
 def _headline(df: pd.DataFrame, n_runs: int) -> list[dict[str, str]]:
     """The counts under the verdict, read like :attr:`mystique.results.Counts.line`: checks (rows with
-    a verdict), how many passed and failed (inconclusive ones and errors named inside), skips when
-    any, measurements apart, then the number of runs."""
+    a verdict), how many passed and failed (errors named inside), the undecided (inconclusive) ones
+    and skips when any, measurements apart, then the number of runs."""
     c = count_statuses(df)
     n_error = int((df["status"] == "error").sum())
-    inside = [f"{c.inconclusive} inconclusive" if c.inconclusive else "",
-              f"{n_error} error{'s' if n_error != 1 else ''}" if n_error else ""]
-    inside_text = ", ".join(x for x in inside if x)
-    fail_cls = "st-fail" if c.failed > c.inconclusive else ("st-inconclusive" if c.inconclusive else "")
+    inside_text = f"{n_error} error{'s' if n_error != 1 else ''}" if n_error else ""
     chips = [
         {"text": f"{c.checks} checks", "cls": ""},
         {"text": f"{c.checks - c.failed} passed", "cls": "st-pass"},
-        {"text": f"{c.failed} failed" + (f" ({inside_text})" if inside_text else ""), "cls": fail_cls},
+        {"text": f"{c.decided_failures} failed" + (f" ({inside_text})" if inside_text else ""),
+         "cls": "st-fail" if c.decided_failures else ""},
     ]
+    if c.inconclusive:
+        chips.append({"text": f"{c.inconclusive} undecided", "cls": "st-inconclusive"})
     if c.skipped:
         chips.append({"text": f"{c.skipped} skipped", "cls": "st-skip"})
     chips.append({"text": f"{c.measurements} measurements", "cls": "st-info"})

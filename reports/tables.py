@@ -30,8 +30,8 @@ def verdict_of(df: pd.DataFrame) -> str:
 
     ``NO RESULTS`` (no row), ``FAIL`` (a check failed or errored), ``INCONCLUSIVE`` (the only bad
     rows are timing verdicts whose 95% interval straddles their band), ``NOTHING CHECKED`` (every
-    row skipped or a measurement), else ``PASS``. FAIL and INCONCLUSIVE are the runs that exit 1,
-    NOTHING CHECKED the runs that exit 3 (:func:`mystique.results.exit_code`).
+    row skipped or a measurement), else ``PASS``. FAIL is a run that exits 1, INCONCLUSIVE one that exits 4
+    (undecided), NOTHING CHECKED one that exits 3 (:func:`mystique.results.exit_code`).
     """
     if not len(df):
         return "NO RESULTS"

@@ -241,7 +241,7 @@ SUSTAINED = ["--group", "sustained", "--workloads", "dlrm", "--duration", "2"]
 def healthy_run(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("perf") / "healthy"
     code = main(["-q", "validate", "performance", "-o", str(out), *SUSTAINED])
-    assert code in (0, 1)  # a drift row may be inconclusive on a busy host; the rows are what is tested
+    assert code in (0, 1, 4)  # a drift row may be undecided (4) on a busy host; the rows are what is tested
     return out
 
 

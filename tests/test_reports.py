@@ -796,11 +796,11 @@ def test_summary_and_headline_count_checks_and_measurements_apart(tmp_path: Path
     # the headline reads like counts(df).line: 9 checks (not 15 rows), failures with the inconclusive
     # one named inside, measurements apart
     line = counts(df).line
-    assert line == "9 checks, 2 failed (1 inconclusive), 2 skipped, 3 measurements"
+    assert line == "9 checks, 1 failed, 1 undecided, 2 skipped, 3 measurements"
     html = render_html(df)
     head = html[html.index('id="headline"'): html.index("</p>", html.index('id="headline"'))]
     texts = re.findall(r'<span class="count[^"]*">([^<]*)</span>', head)
-    assert texts == ["9 checks", "7 passed", "2 failed (1 inconclusive)", "2 skipped", "3 measurements", "1 run"]
+    assert texts == ["9 checks", "7 passed", "1 failed", "1 undecided", "2 skipped", "3 measurements", "1 run"]
     # every part of counts(df).line is in the headline, in its order
     assert [t for t in texts if t != "7 passed" and t != "1 run"] == line.split(", ")
     # the runs table counts them too

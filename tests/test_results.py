@@ -94,12 +94,19 @@ def test_nothing_checked_exits_3_and_measurements_are_not_checks():
     assert results.counts(res.frame()).line == "1 checks, 0 failed, 1 skipped, 1 measurements"
 
 
-def test_inconclusive_fails_the_run():
+def test_inconclusive_alone_is_undecided_apart_from_failed():
     res = results.Results(CTX, "replay")
     res.add("replay_coverage", "b", "coverage", 1.0, status="pass")
     res.add("replay_step_time_ratio", "b", "ratio", 1.04, status="inconclusive", detail="[0.97, 1.12] straddles")
+    assert results.exit_code(res.frame()) == results.UNDECIDED == 4
+    c = results.counts(res.frame())
+    assert (c.inconclusive, c.failed, c.decided_failures) == (1, 1, 0)
+    assert c.line == "2 checks, 0 failed, 1 undecided, 0 measurements"
+    res.add("replay_coverage", "c", "coverage", 0.5, status="fail")  # a failure decides the run: exit 1
+    assert results.exit_code(res.frame()) == results.FAILED == 1
+    assert results.counts(res.frame()).line == "3 checks, 1 failed, 1 undecided, 0 measurements"
+    res.add("replay_coverage", "d", "coverage", None, status="error", detail="boom")
     assert results.exit_code(res.frame()) == 1
-    assert results.counts(res.frame()).inconclusive == 1
 
 
 @examples(40)

@@ -12,7 +12,8 @@ the session gets one extra collector, ``mystique``, next to whatever the command
 
 Each validator module ``mystique.validators.<name>`` exposes ``groups(level) -> list[str]`` and
 ``run(target, *, level, seed, groups, out_dir) -> DataFrame`` (the results schema). An item runs
-one group; it fails when any row of its group has status ``fail``, ``error`` or ``inconclusive``,
+one group; it fails when any row of its group has status ``fail``, ``error`` or ``inconclusive``
+(an item whose only bad rows are inconclusive says "undecided": ``mystique qualify`` then exits 4),
 and its failure message lists those rows (check, subject, value vs threshold, detail); a group with
 no check row (only skips and ``info`` measurements) is skipped, never passed ("only measurements",
 "nothing checked"). A validator that is not installed or lacks the contract yields one skipped item.
@@ -377,7 +378,9 @@ def format_failure(validator: str, group: str, df: Any, seed: int, target_label:
     from mystique.results import BAD_STATUSES
 
     bad = df[df["status"].isin(BAD_STATUSES)]
-    lines = [f"{len(bad)} of {len(df)} checks of {validator}::{group} failed on {target_label} (seed {seed}):"]
+    undecided = bool(len(bad)) and bool((bad["status"] == "inconclusive").all())
+    how = "were undecided (inconclusive, none failed)" if undecided else "failed"
+    lines = [f"{len(bad)} of {len(df)} checks of {validator}::{group} {how} on {target_label} (seed {seed}):"]
     for _, row in bad.iterrows():
         where = ", ".join(x for x in (row["subject"], row["dtype"]) if x)
         value = "" if row["value"] != row["value"] else f"{row['value']:.6g}"

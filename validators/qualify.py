@@ -81,7 +81,8 @@ def qualify(output: str | os.PathLike, *, device: str = "cpu", inject: str | Non
             keyword: str | None = None, quiet: bool = False) -> Outcome:
     """Qualify ``device`` (with ``inject`` active on it); write ``output``; return the :class:`Outcome`.
 
-    Its exit code is 0 when every check passed, 1 when any failed (``output`` then holds the evidence).
+    Its exit code is 0 when every check passed, 1 when any failed or errored, 4 (undecided) when the
+    only bad rows are inconclusive (``output`` then holds the evidence).
     Raises UsageError (exit 2) for a bad device, inject spec, output folder or pytest argument,
     EnvironmentUnsupported (exit 3) when the device is absent or no check could run, and
     MystiqueError (exit 1) when the session was interrupted or pytest failed internally.
@@ -112,7 +113,7 @@ def qualify(output: str | os.PathLike, *, device: str = "cpu", inject: str | Non
                 "no qualification check could run here: every validator is unavailable or skipped"
             )
     code = results.exit_code(df)
-    if rc == _PYTEST_FAILED:
-        code = 1
+    if rc == _PYTEST_FAILED and code not in (results.FAILED, results.UNDECIDED):
+        code = results.FAILED  # an item failed without a bad row (no rows, a broken validator)
     files = tuple(p for p in ("results.csv", "report.html", "junit.xml") if (Path(output) / p).exists())
     return Outcome(code, results.counts(df), files)

@@ -1,7 +1,8 @@
 """The ``mystique`` command: one click group; heavy imports happen inside the commands.
 
 Exit codes: 0 every check passed; 1 checks failed; 2 bad usage or bad input; 3 the environment
-cannot do it (device absent, optional package missing, too little memory).
+cannot do it (device absent, optional package missing, too little memory) or nothing was checked;
+4 undecided (the only bad rows are inconclusive: an interval straddling its band).
 """
 
 from __future__ import annotations

@@ -23,7 +23,8 @@ def qualify_cmd(output, device, inject, emulate, level, seed, validators, keywor
     Levels, in the spirit of `dcgmi diag -r`:
       quick  every boot: minutes, the groups at small sizes
       full   acceptance: every group at published sizes (adds slow groups)
-    Exit 0 when every check passed, 1 when any failed (the report names it).
+    Exit 0 when every check passed, 1 when any failed, 4 when none failed but some were
+    inconclusive (undecided; the report names them).
     """
     from .. import results
     from ..validators.qualify import qualify

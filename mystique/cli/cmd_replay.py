@@ -44,7 +44,7 @@ def replay_cmd(source, output, device, iters, warmup, iteration, seed, force, ti
     package.module:function step only when named with --original: a benchmark or trace is data, and
     what it names is never imported), the replay alternates with it in this process and the ratio
     replay/original is the median of paired rounds with a 95% interval: pass when the interval lies
-    within 0.90-1.10, fail outside, inconclusive (exit 1) when it straddles. --iters is then the
+    within 0.90-1.10, fail outside, inconclusive (exit 4) when it straddles. --iters is then the
     least number of rounds and --warmup the least number of warm-up rounds. Elsewhere the ratio is
     against the recorded original, a measurement.
 

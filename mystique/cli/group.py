@@ -15,7 +15,8 @@ Exit codes:
   0  all ran and every check passed
   1  checks failed (the report says which)
   2  bad usage or bad input
-  3  the environment cannot do it (device absent, package missing, too little memory)"""
+  3  the environment cannot do it (device absent, package missing, too little memory)
+  4  undecided: no check failed but some were inconclusive (the report says which)"""
 
 
 def one_line(exc: BaseException) -> str:
