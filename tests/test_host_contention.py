@@ -175,3 +175,20 @@ def test_a_neighbours_passing_phase_does_not_fail_the_drift_check():
 def test_a_run_too_short_to_heat_a_device_reports_its_drift_as_a_measurement():
     row = _drift(_steady(200, 10.0) + _steady(100, 12.5), seconds=8.0)
     assert row["status"] == "info" and row["value"] > 1.2 and "shorter than the 15 s" in row["detail"]
+
+
+def test_a_quick_run_with_too_few_steps_per_third_reports_its_drift_as_a_measurement():
+    """The quick level on a 2-core VM: 34 steps of ~0.6 s in 20 s, 11 per third. The p10's 95% interval
+    needs 36 values per third ((0.9)^n <= 2.5%); below that it is the extremes and was inconclusive every
+    run (0.966 [0.838, 1.156]): a measurement, not an undecidable check. From 36 per third it decides."""
+    from mystique.validators.performance.stats import quantile_interval_size
+
+    assert quantile_interval_size(0.10) == 36 and 0.9 ** 35 > 0.025 >= 0.9 ** 36
+    noisy = [600.0 * (1 + 0.08 * ((7 * i) % 11) / 10) for i in range(34)]
+    row = _drift(noisy, seconds=20.0)
+    assert row["status"] == "info" and "too few steps to judge a drift" in row["detail"]
+    assert "11 steps per third are fewer than the 36" in row["detail"]
+    decayed = _drift(_steady(24, 10.0) + _steady(10, 13.0), seconds=20.0)  # a real decay, still too few steps
+    assert decayed["status"] == "info" and decayed["value"] > 1.2
+    enough = _drift(_steady(72, 10.0) + _steady(36, 13.0), seconds=20.0)  # 36 per third: a verdict
+    assert enough["status"] == "fail" and enough["low"] > enough["threshold"]

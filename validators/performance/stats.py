@@ -71,6 +71,16 @@ def quantile_interval(values: Sequence[float], q: float = 0.5, level: float = LE
     return xs[lo - 1], xs[hi - 1]
 
 
+def quantile_interval_size(q: float, level: float = LEVEL) -> int:
+    """The fewest values for which :func:`quantile_interval` of the ``q`` quantile has its coverage at both
+    ends: the sample's extremes bound the quantile with ``alpha/2`` each only once ``(1-q)^n`` and ``q^n``
+    are at most ``alpha/2`` (36 values for the p10 at 95%: ``0.9^36 = 0.023``). Below it the interval is
+    the extremes, which cover less than ``level``: a verdict read from it is not a 95% verdict."""
+    alpha = (1.0 - level) / 2.0
+    worst = max(q, 1.0 - q)
+    return max(1, math.ceil(math.log(alpha) / math.log(worst) - 1e-12))
+
+
 def quantile(values: Sequence[float], q: float) -> float:
     """The ``q`` quantile of ``values`` (linear interpolation between order statistics)."""
     xs = sorted(float(v) for v in values)

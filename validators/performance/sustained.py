@@ -22,7 +22,10 @@ generated into a plan) is replayed by the executor on the device under test, ins
   the whole interval lies above ``1 + drift_tolerance`` (the device slowed down under load by more
   than the tolerance, with confidence), passes when it lies at or below, else is inconclusive.
   A workload run for less than 15 s (the self-test's short step, a campaign's runs) cannot show
-  thermal decay, so there the row is a measurement. So is a step the device was idle for part of:
+  thermal decay, so there the row is a measurement; so is a run with fewer than 36 steps per third
+  (:func:`.stats.quantile_interval_size`: below it the p10's distribution-free interval is the third's
+  extremes, without its 95% coverage: the quick level's 20 s of a slow CPU step, about 34 steps, decide
+  nothing and would be inconclusive every time). So is a step the device was idle for part of:
   where NVML reports the GPU busy (a kernel running) less than ``1 / (1 + tolerance)`` of the time
   (91%), the step waits on its host, and the device can slow down by the whole tolerance without the
   step slowing at all; what moves such a step is the host's speed (a small step on a fast GPU is
@@ -60,6 +63,7 @@ from .stats import (
     cv,
     quantile,
     quantile_interval,
+    quantile_interval_size,
     ratio_interval,
     slowdown_verdict,
 )
@@ -180,7 +184,9 @@ def _drift_row(ctx: PerformanceContext, subject: str, times: list[float], second
     short = seconds < MIN_DRIFT_S  # too short for a device to heat up: what moved is the host
     # a device idle part of each step can slow by up to 1/busy - 1 unseen: below 1/(1+tol) the step is the host's
     waited = host_bound(busy, tol)
-    if short or waited:
+    need = quantile_interval_size(DRIFT_Q)  # fewer steps per third: each third's interval is its extremes
+    few = len(first) < need
+    if short or waited or few:
         status = "info"
     ctx.res.add("throughput_drift", subject, "last_over_first", r, threshold=1.0 + tol, status=status,
                 dtype="float32",
@@ -191,6 +197,10 @@ def _drift_row(ctx: PerformanceContext, subject: str, times: list[float], second
                        + (f"; a measurement: {seconds:.1f} s under load is shorter than the {MIN_DRIFT_S:g} s a "
                           "device takes to heat up (a heat sink's time constant is tens of seconds), so a shift "
                           "this short is the host's" if short else "")
+                       + (f"; a measurement: {len(first)} steps per third are fewer than the {need} the p"
+                          f"{DRIFT_Q * 100:02.0f}'s distribution-free 95% interval needs ((1-{DRIFT_Q:g})^n <= 2.5%), "
+                          "so the interval is the thirds' extremes and decides nothing: too few steps to judge a "
+                          "drift" if few and not short else "")
                        + (f"; a measurement: the device ran kernels {busy:.0%} of the time (NVML utilisation, "
                           f"median), under the {1.0 / (1.0 + tol):.0%} at which a slowdown of 1+{tol:g} must show "
                           "in the step: the step waited on its host, whose speed is what moved it; clock_drop "
