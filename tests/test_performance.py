@@ -375,10 +375,11 @@ def test_the_report_draws_step_times_and_clocks(healthy_run, tmp_path):
     assert "during the sustained run" in html or "clock_drop" in html
 
 
-def test_performance_is_an_opt_in_qualification_group():
-    from mystique.validators import pytest_plugin
+def test_performance_qualifies_by_default_with_its_quick_mode_item():
+    from mystique.validators import performance, pytest_plugin
 
-    assert "performance" in pytest_plugin.MARKERS and "performance" not in pytest_plugin.DEFAULT_VALIDATORS
+    assert "performance" in pytest_plugin.MARKERS and "performance" in pytest_plugin.DEFAULT_VALIDATORS
+    assert performance.qualification_groups("quick") == ["mode"]  # seconds, not the sustained minutes
 
 
 # -- targets that need time or hardware ---------------------------------------------------------------

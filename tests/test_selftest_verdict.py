@@ -116,7 +116,7 @@ def test_a_healthy_run_that_checked_nothing_fails(tmp_path, monkeypatch):
 @pytest.mark.parametrize("spec, validators, expected", [
     (None, None, ("numerics", "soft_errors", "correctness", "performance")),
     ("throttle", None, ("performance",)),
-    ("wrong_gelu", None, ("numerics", "soft_errors", "correctness")),
+    ("wrong_gelu", None, ("numerics", "soft_errors", "correctness", "performance")),  # qualify's mode item
     (None, ["numerics", "mypkg.checks"], ("numerics",)),
 ])
 def test_the_suites_each_run_must_produce(spec, validators, expected):

@@ -48,12 +48,12 @@ from typing import Any
 
 import pytest
 
-DEFAULT_VALIDATORS: tuple[str, ...] = ("numerics", "soft_errors", "correctness")
+DEFAULT_VALIDATORS: tuple[str, ...] = ("numerics", "soft_errors", "correctness", "performance")
 MARKERS: dict[str, str] = {
     "numerics": "qualification checks of the numerics validator (BF16/FP16 vs fp64 goldens)",
     "soft_errors": "qualification checks of the soft-error (silent data corruption) validator",
     "correctness": "qualification checks of the cross-device correctness validator",
-    "performance": "qualification checks of the performance validator (opt in: --mystique-validators ...,performance)",
+    "performance": "qualification checks of the performance validator (its quick item: an injected mode's cost)",
     "slow": "long campaigns and published-size checks; opt in with -m slow",
 }
 ROOT_NAME = "mystique"
@@ -333,8 +333,9 @@ class ValidatorCollector(_Node, pytest.Collector):
         if module is None:
             return [UnavailableValidatorItem.from_parent(self, name="unavailable", reason=why)]
         source = Path(getattr(module, "__file__", None) or self.path)
-        groups = [str(g) for g in module.groups(state.level)]
-        quick = set(map(str, module.groups("quick"))) if state.level != "quick" else set(groups)
+        listed = getattr(module, "qualification_groups", module.groups)  # a validator may narrow its item list
+        groups = [str(g) for g in listed(state.level)]
+        quick = set(map(str, listed("quick"))) if state.level != "quick" else set(groups)
         items = []
         for group in groups:
             item = CheckGroupItem.from_parent(self, name=group, path=source, module=module, group=group)

@@ -11,6 +11,8 @@ returns the results rows (suite ``performance``); ``groups(level)`` names the ch
   ``duration`` seconds: step-time distribution, CV, drift first vs last third, clock evidence
   (:mod:`.clocks`: NVML on NVIDIA GPUs, CPU frequency on CPUs); with a mode injected, the mode's
   cost paired against the same device without it (:mod:`.paired`).
+* ``mode`` (:mod:`.mode`, qualification's item, ``--group mode``): with a mode injected, its paired
+  rows for a few seconds on one workload; without one, a skip and the step time.
 * ``fleet`` (:mod:`.compare`, :mod:`.fleet`): every figure against ``baseline`` peers of the same
   device model by robust statistics; fails a device slower than the fleet beyond the margin with
   confidence.
@@ -42,17 +44,22 @@ from ._ctx import Measured, PerformanceContext
 from .compare import run_fleet
 from .fleet import results_paths
 from .micro import run_micro
+from .mode import run_mode
 from .sustained import run_sustained
 
-__all__ = ["GROUPS", "LEVELS", "RUNNERS", "Measured", "PerformanceContext", "groups", "run"]
+__all__ = ["GROUPS", "LEVELS", "RUNNERS", "Measured", "PerformanceContext", "groups", "qualification_groups", "run"]
 
 RUNNERS: dict[str, Callable[[PerformanceContext], None]] = {
-    "micro": run_micro, "sustained": run_sustained, "fleet": run_fleet,
+    "micro": run_micro, "sustained": run_sustained, "fleet": run_fleet, "mode": run_mode,
 }
 GROUPS: tuple[str, ...] = tuple(RUNNERS)
+#: what ``mystique validate performance`` runs by default (``mode`` by ``--group mode``: sustained pairs too)
+DEFAULT_GROUPS: tuple[str, ...] = ("micro", "sustained", "fleet")
+#: the qualification's performance item at every level (:mod:`.mode`: a few seconds)
+QUALIFICATION_GROUPS: tuple[str, ...] = ("mode",)
 _COMMON = {"min_reps": 7, "drift_tolerance": 0.10, "mode_margin": 0.05, "paired_share": 0.5, "warmup_steps": 3,
            "gemm_n_cpu": 1024, "gemm_n_cuda": 8192, "mem_bytes_cpu": 64 << 20, "mem_bytes_cuda": 1 << 30,
-           "transfer_bytes": 256 << 20}
+           "transfer_bytes": 256 << 20, "mode_budget_s": 4.0}
 LEVELS: dict[str, dict[str, Any]] = {
     "quick": {**_COMMON, "duration": 60.0, "config": "small", "mode": "infer", "micro_budget_s": 1.0},
     "full": {**_COMMON, "duration": 600.0, "config": "small", "mode": "train", "micro_budget_s": 5.0,
@@ -62,10 +69,19 @@ _OPTIONS = ("baseline", "duration", "workloads", "margin", "threads", "paired")
 
 
 def groups(level: str = "quick") -> list[str]:
-    """The check groups run at ``level`` (all three at both levels; ``full`` runs longer)."""
+    """The check groups ``mystique validate performance`` runs at ``level`` (micro, sustained and fleet at
+    both levels; ``full`` runs longer)."""
     if level not in LEVELS:
         raise UsageError(f"unknown level {level!r}; expected quick or full")
-    return list(GROUPS)
+    return list(DEFAULT_GROUPS)
+
+
+def qualification_groups(level: str = "quick") -> list[str]:
+    """The groups qualification (the pytest plugin) runs at ``level``: the ``mode`` item, a few seconds
+    (:mod:`.mode`); the sustained and fleet verdicts take minutes and peers: ``validate performance``."""
+    if level not in LEVELS:
+        raise UsageError(f"unknown level {level!r}; expected quick or full")
+    return list(QUALIFICATION_GROUPS)
 
 
 def _settings(level: str, options: dict[str, Any]) -> dict[str, Any]:
@@ -91,7 +107,7 @@ def run(target: Any, *, level: str = "quick", seed: int = 0, groups: Iterable[st
     """
     if level not in LEVELS:
         raise UsageError(f"unknown level {level!r}; expected quick or full")
-    chosen = select_groups("performance", groups, GROUPS, GROUPS)
+    chosen = select_groups("performance", groups, GROUPS, DEFAULT_GROUPS)
     bad = [x for x in options if x not in _OPTIONS]
     if bad:
         raise UsageError(f"unknown performance option(s) {', '.join(bad)}; known: {', '.join(_OPTIONS)}")
