@@ -51,6 +51,7 @@ from mystique.io import atomic_write_text, check_output_dir, staged_output_dir
 from mystique.progress import Progress
 from mystique.targets import make_target
 
+from . import golden_cache
 from .performance import run as performance_run
 from .pytest_plugin import DEFAULT_VALIDATORS, marker_name
 from .qualify import qualify
@@ -200,10 +201,12 @@ def selftest(output: str | os.PathLike, *, device: str = "cpu", emulate: str | N
     progress = Progress("selftest", total=len(runs))
     with staged_output_dir(output, force) as stage:
         outcomes: list[RunOutcome] = []
+        goldens = golden_cache.Store()  # filled by the healthy run only, read by the fault runs
         for name, folder, spec in runs:
             progress.step(f"qualification ({level}) on {target.label}" + (f" under fault {spec}" if spec else ", healthy"))
-            outcomes.append(_run_one(stage, name, folder, device=device, inject=spec, emulate=emulate, level=level,
-                                     seed=seed, validators=validators))
+            with golden_cache.shared(goldens, fill=spec is None):
+                outcomes.append(_run_one(stage, name, folder, device=device, inject=spec, emulate=emulate,
+                                         level=level, seed=seed, validators=validators))
             o = outcomes[-1]
             progress.note(f"{name}: {results.counts(o.frame).line}" + (f"; {o.error}" if o.error else "")
                           + f" ({o.seconds:.1f} s)")

@@ -60,6 +60,7 @@ from mystique import workloads
 from mystique.dtypes import HALF_DTYPES
 from mystique.dtypes import name as dtype_name
 
+from .. import golden_cache
 from ..unsupported import unsupported
 from ._ctx import Ctx
 from ._fp import FORMATS, U32, gamma, normwise_error
@@ -267,7 +268,9 @@ def run_model_deviation(ctx: Ctx) -> None:
         for dtype in dtypes:
             ctx.progress.note(f"model_deviation {name} {dtype_name(dtype)}")
             try:
-                derived = _derived_bounds(ctx, mod, ref, batch64, dtype, ref_out, ref_layers, ref_loss, ref_grads)
+                derived = golden_cache.golden(
+                    ("numerics.model_deviation.bounds", name, config, ctx.seed, dtype_name(dtype), DRAWS),
+                    _derived_bounds, ctx, mod, ref, batch64, dtype, ref_out, ref_layers, ref_loss, ref_grads)
             except Exception as exc:  # noqa: BLE001  (a reference that cannot be rerun is an error row)
                 ctx.error("model_output_deviation", name, exc, dtype=dtype, repro=ctx.repro(workload=name, config=config))
                 continue
