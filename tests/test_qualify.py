@@ -103,7 +103,7 @@ def test_absent_device_exits_3(fake, capsys):
 def test_inner_session_is_isolated_from_the_callers_project(tmp_path):
     args = pytest_args(tmp_path, device="cpu", inject="wrong_gelu", level="full", seed=5)
     assert args[0] == str(tmp_path) and args[args.index("-c") + 1] == os.devnull
-    assert "--noconftest" in args and "no:cacheprovider" in args
+    assert "--noconftest" in args and "no:cacheprovider" in args and "no:unraisableexception" in args
     assert args[args.index("--mystique-inject") + 1] == "wrong_gelu"
     assert args[args.index("--junitxml") + 1] == str(tmp_path / "junit.xml")
 
