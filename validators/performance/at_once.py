@@ -39,9 +39,9 @@ from mystique.hostinfo import device_memory_bytes
 from mystique.replay import runtime as ex
 from mystique.results import Results, RunContext
 
+from . import timed
 from ._ctx import PerformanceContext
 from .sustained import contention_row, distribution_rows
-from . import timed
 from .timed import CAP, MIN_UNDISTURBED, Calls, timed_calls
 
 #: seconds of one burst: short against the tens of seconds over which a host's speed wanders, long
