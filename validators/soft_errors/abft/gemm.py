@@ -12,6 +12,11 @@ Elsewhere the threshold is evaluated lazily: first with free lower bounds of the
 :meth:`.encoding.RowChecks.lower_bound`), then, only for rows that fail them, with the exact
 ``||a_i||`` and, if one still fails, the exact ``||r||``; ``max_ratio`` of a clean report is then an
 upper bound of ``|diff| / thr``.
+
+An alarm is located by the column checks, encoded from the kept operands after it. Where they stay
+below their bound (it covers all M elements of a column: with TF32 operands M times their 2^-10
+rounding, issue 33), the flagged rows are recomputed in fp64 and each element held to its own bound
+(:func:`locate_elements`); likewise the flagged columns of a column-only check.
 """
 
 from __future__ import annotations
@@ -147,7 +152,9 @@ def verify_gemm(enc: GemmEncoding, c: torch.Tensor, *, dtype: torch.dtype, lam: 
     exact verdict reuses, so both read the same checksums. ``out_dtype``: the half dtype the output was
     rounded to (its subnormal term, see :func:`.encoding.gemm_constants`). ``scale_floor``: every row is
     held to at least the largest row's threshold (a device half kernel whose error follows the product's
-    scale, :data:`SCALE_FLOOR_DTYPES`). Returns a :class:`CheckReport`.
+    scale, :data:`SCALE_FLOOR_DTYPES`). When only one of the row and column checks alarms, the alarm is
+    located element by element in its flagged rows (columns), :func:`locate_elements`. Returns a
+    :class:`CheckReport`.
     """
     rc = enc.rows
     fast = rc.fast if rc is not None else None
@@ -199,9 +206,80 @@ def verify_gemm(enc: GemmEncoding, c: torch.Tensor, *, dtype: torch.dtype, lam: 
                                    out_dtype=out_dtype, scale_floor=scale_floor)
         ratios.append(r)
         checked &= ok
-    alarm = bool(rows or cols)
     loc = (rows[0], cols[0]) if rows and cols else None
+    if bool(rows) != bool(cols) and enc.locate:  # one check alarmed, the other's bound (over all M or N) did not
+        rows, cols, loc = _locate_one_sided(enc, c, rows, cols, u=u, lam=lam, u_out=u_out, out_dtype=out_dtype,
+                                            scale_floor=scale_floor)
+    alarm = bool(rows or cols)
     return CheckReport(op, dtype_name(dtype), alarm, max(ratios) if ratios else 0.0, checked, rows, cols, loc, shape)
+
+
+def _locate_one_sided(enc: GemmEncoding, c: torch.Tensor, rows: list[int], cols: list[int], **bounds: Any
+                      ) -> tuple[list[int], list[int], tuple[int, int] | None]:
+    """``(rows, cols, location)`` of an alarm of the row checks alone (or of the column checks alone): the
+    other side from :func:`locate_elements` in the flagged rows (columns), the first located element."""
+    pairs: list[tuple[int, int]] = []
+    if rows and enc.rows is not None:
+        pairs = locate_elements(enc.rows, c, rows, **bounds)
+        cols = sorted({j for _, j in pairs})[:16]
+    elif cols and enc.cols is not None:
+        pairs = [(i, j) for j, i in locate_elements(enc.cols, c.t(), cols, **bounds)]
+        rows = sorted({i for i, _ in pairs})[:16]
+    return rows, cols, (pairs[0] if pairs else None)
+
+
+#: fp64 elements of B per block of :func:`locate_elements`'s reference (32 MiB)
+_LOCATE_BLOCK = 1 << 22
+
+
+def locate_elements(rc: RowChecks, c: torch.Tensor, rows: list[int], *, u: float, lam: float, u_out: float,
+                    out_dtype: torch.dtype | None = None, scale_floor: bool = False) -> list[tuple[int, int]]:
+    """The ``(i, j)`` of the flagged ``rows`` of ``c = A B (+ e v^T + u e^T)`` (``rc``'s operands) whose
+    element differs from its fp64 reference beyond that element's own bound, in row order.
+
+    Used after the row check alarmed and the column check did not: a column checksum sums all M
+    elements of a column, so its bound holds M elements' rounding (for TF32, M times the operands'
+    2^-10) and an error that one row's bound (N elements) exceeds can stay below it. Each element of the
+    flagged rows is recomputed in fp64 (a few rows: ``|rows| K N`` operations, only after an alarm) and
+    held to the bound of :func:`.encoding.gemm_constants` for a 1 x 1 product (the row bound of one
+    element, with ``s_ij = sum_k |a_ik b_kj|`` exact in place of its Cauchy-Schwarz bound):
+
+        thr_ij = (factor + 2 K 2^-53) s_ij + det |y_ij| + tiny
+
+    ``factor`` holds the accumulation (``lam u (sqrt(K) + log2(K) + 3)``) and every term of ``u_out`` (an
+    output rounded to a half dtype, TF32 operands, cuBLAS's split-K reductions: each bounded by its
+    multiple of ``s_ij`` per element as per row), ``det = u (K + 3)`` the same-sign sum, ``tiny``
+    underflow and a half output's subnormal spacing; ``2 K 2^-53`` the fp64 rounding of ``y_ij`` and of
+    ``s_ij`` (products of fp32 values exact in fp64). A clean element is within it as a clean row is
+    within the row bound, so no clean element is located. ``scale_floor`` (:data:`SCALE_FLOOR_DTYPES`):
+    no element's bound is below ``factor max_i ||a_i|| ||b_j||``, the largest row's ``s_ij`` bound.
+    """
+    k, n = rc.k, c.shape[1]
+    factor, det, tiny = gemm_constants(k, 1, 1, u, lam, u_out, c.dtype, out_dtype)
+    factor += 2 * k * 2.0**-53
+    dev = rc.a.device if rc.a.device.type in ("cpu", "cuda") else torch.device("cpu")  # (fp64 there)
+    idx = torch.tensor(rows, device=rc.a.device)
+    a = rc.a.index_select(0, idx).to(dev, torch.float64)
+    got = c.index_select(0, idx.to(c.device)).to(dev, torch.float64)
+    ui = None if rc.u is None else rc.u.index_select(0, idx).to(dev, torch.float64)[:, None]
+    floor = float(rc.row_norms(np.arange(rc.a.shape[0])).max()) * factor if scale_floor else 0.0
+    found = []
+    step = max(1, _LOCATE_BLOCK // max(k, 1))
+    for j0 in range(0, n, step):
+        b = rc.b[:, j0:j0 + step].to(dev, torch.float64)
+        y, s = a @ b, a.abs() @ b.abs()
+        if rc.v is not None:
+            v = rc.v[j0:j0 + step].to(dev, torch.float64)
+            y, s = y + v, s + v.abs()
+        if ui is not None:
+            y, s = y + ui, s + ui.abs()
+        thr = factor * s + det * y.abs() + tiny
+        if floor:
+            bn = b.square().sum(0) + (0.0 if rc.v is None else v.square()) + (0.0 if ui is None else 1.0)
+            thr = torch.maximum(thr, floor * bn.sqrt())
+        bad = ~((got[:, j0:j0 + step] - y).abs() <= thr) & torch.isfinite(thr)
+        found += [(rows[r], j0 + j) for r, j in torch.nonzero(bad).tolist()]
+    return sorted(found, key=lambda p: (rows.index(p[0]), p[1]))
 
 
 def accumulate(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

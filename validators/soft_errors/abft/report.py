@@ -38,7 +38,9 @@ class CheckReport:
     ``|checksum difference| / threshold`` (below 1 on a clean run; an upper bound of it where the
     lower-bound threshold already decided); ``rows``/``cols`` list the flagged rows and columns
     (GEMM) or bags (EmbeddingBag, in ``rows``); ``location`` is the first flagged (row, col) of a
-    GEMM when both checks flag; ``checked`` is False when the inputs were not finite (no verdict).
+    GEMM when both checks flag, else the first element of a flagged row (column) beyond its own bound
+    (:func:`.gemm.locate_elements`, which also gives ``cols`` (``rows``) then); ``checked`` is False when
+    the inputs were not finite (no verdict).
     """
 
     op: str
