@@ -116,11 +116,29 @@ def test_a_healthy_run_that_checked_nothing_fails(tmp_path, monkeypatch):
 @pytest.mark.parametrize("spec, validators, expected", [
     (None, None, ("numerics", "soft_errors", "correctness", "performance")),
     ("throttle", None, ("performance",)),
-    ("wrong_gelu", None, ("numerics", "soft_errors", "correctness", "performance")),  # qualify's mode item
+    ("straggler:stall_ms=300", None, ("performance",)),
+    ("wrong_gelu", None, ("numerics", "soft_errors", "correctness")),  # numbers, not speed: no mode item
+    ("mypkg.modes:slow", None, ("numerics", "soft_errors", "correctness", "performance")),
     (None, ["numerics", "mypkg.checks"], ("numerics",)),
 ])
 def test_the_suites_each_run_must_produce(spec, validators, expected):
     assert st.expected_suites(spec, validators) == expected
+
+
+def test_each_run_qualifies_with_the_validators_its_fault_can_fail(tmp_path, monkeypatch):
+    """A slowness fault's run is the performance item alone, a numeric fault's run leaves it out."""
+    asked = {}
+
+    def fake_qualify(out, *, inject=None, validators=None, **_):
+        asked[inject] = validators
+        df = _rows("performance" if inject == "throttle" else "numerics", ["fail"] if inject else ["pass"])
+        Path(out).mkdir(parents=True)
+        results.write_csv(df, Path(out) / "results.csv")
+        return Outcome(1 if inject else 0, results.counts(df), ("results.csv",))
+
+    monkeypatch.setattr(st, "qualify", fake_qualify)
+    st.selftest(tmp_path / "st", faults=["throttle", FAULT])
+    assert asked == {None: None, "throttle": ["performance"], FAULT: ["numerics", "soft_errors", "correctness"]}
 
 
 def _shown(obj):

@@ -22,12 +22,17 @@ own folder, and records rows of suite ``selftest``:
   details are for people.
 * ``run_time`` (measurements, ``info``): the wall time of each run.
 
-With the default validators, the healthy run, the slowness faults (``throttle``, ``straggler``) and
-each ``--inject SPEC`` also get a short performance step (:data:`PERFORMANCE_STEP`: the sustained
-group of :mod:`.performance`, whose paired rows compare the device with and without the mode);
-its rows join that run's results. The slowness faults change speed, not numbers: their runs are
-the performance step alone (no numerics, soft-error or correctness qualification), which keeps the
-self-test quick.
+With the default validators (:data:`.pytest_plugin.DEFAULT_VALIDATORS`, ``performance`` among
+them: its quick item ``mode`` pairs the device with and without the injected mode) each run
+qualifies with the validators its fault can fail (:func:`run_validators`): the slowness faults
+(``throttle``, ``straggler``) change speed, not numbers, so their runs are the performance item
+alone; the other built-in simulations change numbers, not speed (their Python dispatch costs time
+of its own, which the ``mode`` item would only measure), so their runs leave it out; the healthy run
+and each ``--inject SPEC`` get every default validator.
+
+Goldens that do not depend on the fault (fp64 results and the bounds derived from them) are computed
+by the healthy run and reused by the fault runs (:mod:`.golden_cache`); the reference benchmarks
+are captured once per process (:mod:`.correctness.benchmarks`).
 
 Exit 0 only when the healthy run passes and every fault is caught.
 """
@@ -52,7 +57,6 @@ from mystique.progress import Progress
 from mystique.targets import make_target
 
 from . import golden_cache
-from .performance import run as performance_run
 from .pytest_plugin import DEFAULT_VALIDATORS, marker_name
 from .qualify import qualify
 
@@ -111,68 +115,43 @@ def _folder(spec: str) -> str:
     return f"fault-{safe}"[:120]
 
 
-# The performance step of the self-test: the sustained group on one workload for a few seconds, on the
-# healthy device and under each slowness fault (and each --inject SPEC); the paired mode rows catch
-# a slow mode (8 s: too short for a drift verdict, the drift row is a measurement). Short, so that the
-# self-test stays quick.
-PERFORMANCE_STEP = {"groups": ["sustained"], "workloads": "dlrm", "duration": 8.0}
-
-
-def _performance(out: Path, *, device: str, inject: str | None, emulate: str | None, level: str, seed: int) -> Any:
-    """The performance rows of one self-test run (:data:`PERFORMANCE_STEP`), reproduce line added."""
-    step = PERFORMANCE_STEP
-    df = performance_run(make_target(device, inject, emulate), level=level, seed=seed, out_dir=out / "performance",
-                         **step)
-    words = ["mystique", "validate", "performance", "--device", device, "--level", level, "--seed", str(seed),
-             "--group", "sustained", "--workloads", step["workloads"], "--duration", str(step["duration"])]
-    words += (["--inject", inject] if inject else []) + (["--emulate", emulate] if emulate else [])
-    return results.with_reproduce(df, " ".join(words) + " -o OUT")
-
-
-def _wants_performance(spec: str | None, validators: Sequence[str] | None) -> bool:
-    """Whether a self-test run gets the performance step: by default, the healthy run, the slowness
-    faults and the user's own modes (the other simulations change numbers, not speed)."""
+def run_validators(spec: str | None, validators: Sequence[str] | None) -> list[str] | None:
+    """The validators of one self-test run (None: qualify's defaults): the caller's when given; else
+    the performance validator alone under a slowness fault, every default but performance under the
+    other built-in faults, the defaults on the healthy device and under a user's ``--inject`` mode."""
     if validators is not None:
-        return False  # the caller chose the validators: `performance` among them runs through qualify
-    return spec is None or spec in faults.SLOWNESS_FAULTS or spec.split(":", 1)[0] not in faults.FAULTS
+        return list(validators)
+    name = spec.split(":", 1)[0] if spec else None
+    if name is None or name not in faults.FAULTS:
+        return None
+    if name in faults.SLOWNESS_FAULTS:
+        return ["performance"]
+    return [v for v in DEFAULT_VALIDATORS if v != "performance"]
 
 
 def expected_suites(spec: str | None, validators: Sequence[str] | None) -> tuple[str, ...]:
-    """The suites a self-test run must produce rows of: the qualification's validators (those that
-    name a suite) and ``performance`` where the run gets the performance step; a slowness fault's run
-    is the performance step alone."""
-    perf = _wants_performance(spec, validators)
-    if perf and spec in faults.SLOWNESS_FAULTS:
-        return ("performance",)
-    names = [marker_name(v) for v in (validators or DEFAULT_VALIDATORS)]
-    return tuple(dict.fromkeys([n for n in names if n in results.SUITES] + (["performance"] if perf else [])))
+    """The suites a self-test run must produce rows of: those its validators (:func:`run_validators`) name."""
+    names = [marker_name(v) for v in (run_validators(spec, validators) or DEFAULT_VALIDATORS)]
+    return tuple(dict.fromkeys(n for n in names if n in results.SUITES))
 
 
 def _run_one(stage: Path, name: str, folder: str, *, device: str, inject: str | None, emulate: str | None,
              level: str, seed: int, validators: Sequence[str] | None) -> RunOutcome:
     t0 = time.perf_counter()
     out = stage / folder
-    perf = _wants_performance(inject, validators)
     expected = expected_suites(inject, validators)
     log = io.StringIO()  # pytest's own report of the run: kept beside its results, not on the terminal
     code: int | None = None
     try:
-        if perf and inject in faults.SLOWNESS_FAULTS:  # speed only: the performance step is its qualification
-            out.mkdir(parents=True, exist_ok=True)
-        else:
-            try:
-                with contextlib.redirect_stdout(log):
-                    code = qualify(out, device=device, inject=inject, emulate=emulate, level=level, seed=seed,
-                                   validators=validators, quiet=True).exit_code
-            finally:
-                if out.is_dir():
-                    atomic_write_text(out / "pytest.log", log.getvalue())
+        try:
+            with contextlib.redirect_stdout(log):
+                code = qualify(out, device=device, inject=inject, emulate=emulate, level=level, seed=seed,
+                               validators=run_validators(inject, validators), quiet=True).exit_code
+        finally:
+            if out.is_dir():
+                atomic_write_text(out / "pytest.log", log.getvalue())
         csv = out / "results.csv"
         df = results.read_csv(csv) if csv.exists() else results.to_frame([])
-        if perf:
-            df = results.concat([df, _performance(out, device=device, inject=inject, emulate=emulate, level=level,
-                                                  seed=seed)])
-            results.write_csv(df, csv)
         return RunOutcome(name, inject, df, time.perf_counter() - t0, exit_code=code, expected=expected)
     except UsageError:
         raise
