@@ -632,8 +632,8 @@ def test_unknown_pacing_is_refused_with_the_choices():
 
 
 def test_steady_host_allocator_serves_large_blocks_without_fresh_page_faults():
-    """After it, freeing and reallocating a 64 MiB host tensor touches no new pages: the block comes
-    back from a heap that is never trimmed instead of a fresh mmap (glibc; elsewhere it says None)."""
+    """Inside its scope, freeing and reallocating a 64 MiB host tensor touches no new pages: the block
+    comes back from a heap that is never trimmed instead of a fresh mmap (glibc; elsewhere it says None)."""
     import resource
     import subprocess
     import sys
@@ -642,7 +642,8 @@ def test_steady_host_allocator_serves_large_blocks_without_fresh_page_faults():
         "import resource, torch\n"
         "from mystique.replay.runtime import steady_host_allocator\n"
         "import sys\n"
-        "said = steady_host_allocator() if sys.argv[1] == '1' else 'off'\n"
+        "scope = steady_host_allocator() if sys.argv[1] == '1' else None\n"
+        "said = scope.__enter__() if scope is not None else 'off'\n"
         "def faults():\n"
         "    r0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt\n"
         "    for _ in range(5):\n"

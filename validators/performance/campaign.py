@@ -135,8 +135,7 @@ def _at_once(specs: list[tuple[str, Any, int]], out: Path, *, duration: float, w
     with bm.cache_root(out) as root:
         benches = [bm.reference(w, spec["config"], spec["mode"], "float32", root, progress) for w in workloads]
     threads = len(os.sched_getaffinity(0))
-    allocator = steady_allocator(specs[0][1])  # as the sustained group runs its steps
-    with torch_threads(threads):
+    with steady_allocator(specs[0][1]) as allocator, torch_threads(threads):  # as the sustained group runs
         progress.note(f"{len(specs)} simulated devices: an executor each per workload")
         members = build_members(specs, benches, device)
         load = loadavg()

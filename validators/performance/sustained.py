@@ -45,8 +45,10 @@ generated into a plan) is replayed by the executor on the device under test, ins
 
 from __future__ import annotations
 
+import contextlib
 import math
 import statistics
+from collections.abc import Iterator
 from typing import Any
 
 from mystique.validators.correctness import benchmarks as bm
@@ -82,8 +84,7 @@ def run_sustained(ctx: PerformanceContext) -> None:
     s = ctx.settings
     names = s["workloads"]
     share = float(s["duration"]) / max(len(names), 1)
-    allocator = steady_allocator(ctx.target)
-    with bm.cache_root(ctx.out_dir) as root:
+    with steady_allocator(ctx.target) as allocator, bm.cache_root(ctx.out_dir) as root:
         for name in names:
             bench = bm.reference(name, s["config"], s["mode"], "float32", root, ctx.progress)
             ctx.progress.note(f"sustained {bench.subject} on {ctx.target.label} for {share:.0f} s")
@@ -110,11 +111,14 @@ def run_sustained(ctx: PerformanceContext) -> None:
                 run_paired(ctx, bench.subject, executor, share * s["paired_share"])
 
 
-def steady_allocator(target: Any) -> str:
-    """On the CPU, large blocks from a heap never trimmed (as replay does): otherwise how many page faults a
-    step pays depends on the allocations before it, a run-to-run difference that is not the device's.
-    Returns the allocator the steps run with, in words."""
-    return (ex.steady_host_allocator() if target.torch_device.type == "cpu" else None) or "the C library's default"
+@contextlib.contextmanager
+def steady_allocator(target: Any) -> Iterator[str]:
+    """For the block, on the CPU, large blocks from a heap never trimmed (as replay does): otherwise how many
+    page faults a step pays depends on the allocations before it, a run-to-run difference that is not the
+    device's. Yields the allocator the steps run with, in words; the process's settings come back after."""
+    cpu = target.torch_device.type == "cpu"
+    with ex.steady_host_allocator() if cpu else contextlib.nullcontext() as said:
+        yield said or "the C library's default"
 
 
 def contention_row(ctx: PerformanceContext, subject: str, calls: Calls) -> None:
@@ -189,7 +193,7 @@ def _drift_row(ctx: PerformanceContext, subject: str, times: list[float], second
     if short or waited or few:
         status = "info"
     ctx.res.add("throughput_drift", subject, "last_over_first", r, threshold=1.0 + tol, status=status,
-                dtype="float32",
+                dtype="float32", low=lo, high=hi,
                 detail=f"p{DRIFT_Q * 100:02.0f} step time of the last {len(last)} steps over the first {len(first)}: "
                        f"{r:.4f}, conservative 95% interval [{lo:.4f}, {hi:.4f}]; a decay of the device moves its fastest "
                        f"steps too, a neighbour's passing phase does not; fails above 1+{tol:g} (a clock step of "

@@ -3,9 +3,12 @@ threads, the host allocator, device synchronisation."""
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import math
 import os
+import threading
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -200,11 +203,51 @@ def prime_host_allocator(nbytes: int) -> None:
 
 # mallopt parameters (glibc's malloc.h)
 _M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_MAX = -1, -2, -4
+#: what the steady allocator sets: no mmap for large blocks, a heap top never trimmed, 64 MiB of pad
+_STEADY_SETTINGS = ((_M_MMAP_MAX, 0), (_M_TRIM_THRESHOLD, 2**31 - 1), (_M_TOP_PAD, 64 << 20))
+#: glibc's documented defaults (mallopt(3)), and the environment variable and the tunable that set them
+_MALLOPT_DEFAULTS = {
+    _M_MMAP_MAX: (65536, "MALLOC_MMAP_MAX_", "glibc.malloc.mmap_max"),
+    _M_TRIM_THRESHOLD: (128 * 1024, "MALLOC_TRIM_THRESHOLD_", "glibc.malloc.trim_threshold"),
+    _M_TOP_PAD: (128 * 1024, "MALLOC_TOP_PAD_", "glibc.malloc.top_pad"),
+}
+_steady_lock = threading.Lock()
+_steady_state: dict[str, Any] = {"depth": 0, "said": None, "restore": ()}
 
 
-def steady_host_allocator() -> str | None:
-    """Keep glibc from mapping and unmapping large blocks for the rest of the process; returns what
-    was set, or None where the C library has no ``mallopt`` (not glibc) or refused.
+def _libc_mallopt() -> Any:
+    """The C library's ``mallopt(int, int) -> int``, or None where there is none (not glibc)."""
+    try:
+        fn = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes, fn.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    return fn
+
+
+def allocator_start_values(environ: Any = None) -> dict[int, int]:
+    """The values the process started with, of the parameters the steady allocator sets: glibc's
+    tunable (``GLIBC_TUNABLES=glibc.malloc.top_pad=...``) or its ``MALLOC_*_`` variable where the
+    environment sets one, else glibc's documented default."""
+    env = os.environ if environ is None else environ
+    tunables = dict(item.split("=", 1) for item in env.get("GLIBC_TUNABLES", "").split(":") if "=" in item)
+    out = {}
+    for param, (default, variable, tunable) in _MALLOPT_DEFAULTS.items():
+        value = default
+        for text in (env.get(variable), tunables.get(tunable)):  # the tunable taken over the variable
+            try:
+                value = int(text, 0) if text else value
+            except ValueError:
+                pass
+        out[param] = value
+    return out
+
+
+@contextlib.contextmanager
+def steady_host_allocator(mallopt: Any = None, environ: Any = None) -> Iterator[str | None]:
+    """For the block, keep glibc from mapping and unmapping large blocks; yields what was set, or None
+    where the C library has no ``mallopt`` (not glibc) or refused. ``mallopt`` stands in for the C
+    library's function (tests).
 
     A step of large host tensors otherwise pays a fresh ``mmap`` (and a page fault per 4 KiB page
     touched) for every block above the mmap threshold, and ``free`` trims the heap top back to the
@@ -214,15 +257,47 @@ def steady_host_allocator() -> str | None:
     time apart. With large blocks served from a heap that is never trimmed, both pay none, and a
     paired ratio compares the operators. Both sides of a paired measurement share the process, so
     both run under this setting; the timing statistics name it.
+
+    On exit ``M_MMAP_MAX``, ``M_TRIM_THRESHOLD`` and ``M_TOP_PAD`` get back the values the process
+    started with (:func:`allocator_start_values`). What cannot be restored: glibc has no getter, so a
+    value set with ``mallopt`` by someone else before the block is not known and the start value
+    comes back instead; and setting any of these turns off glibc's dynamic mmap threshold for the
+    rest of the process (mallopt has no way to turn it on again): ``M_MMAP_THRESHOLD`` (never set
+    here) stays where the dynamic adjustment had moved it (128 KiB up to 32 MiB), no longer moves,
+    and the trim threshold no longer follows it at twice its value. Nested or concurrent blocks set
+    the values once and restore them when the last one exits.
     """
+    with _steady_lock:
+        if _steady_state["depth"] == 0:
+            _steady_state["said"], _steady_state["restore"] = _set_steady(mallopt or _libc_mallopt(), environ)
+        _steady_state["depth"] += 1
+        said = _steady_state["said"]
     try:
-        mallopt = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError):
-        return None
-    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-    if not (mallopt(_M_MMAP_MAX, 0) and mallopt(_M_TRIM_THRESHOLD, 2**31 - 1) and mallopt(_M_TOP_PAD, 64 << 20)):
-        return None
-    return "glibc malloc without mmap or trimming for large blocks (mallopt M_MMAP_MAX=0, M_TRIM_THRESHOLD=2 GiB)"
+        yield said
+    finally:
+        with _steady_lock:
+            _steady_state["depth"] -= 1
+            if _steady_state["depth"] == 0:
+                fn, values = _steady_state["restore"] or (None, {})
+                for param, value in values.items():
+                    fn(param, value)
+                _steady_state.update(said=None, restore=())
+
+
+def _set_steady(mallopt: Any, environ: Any) -> tuple[str | None, tuple]:
+    """Set the steady values; (what was set in words or None, (mallopt, values to restore))."""
+    if mallopt is None:
+        return None, ()
+    start = allocator_start_values(environ)
+    done = {}
+    for param, value in _STEADY_SETTINGS:
+        if not mallopt(param, value):
+            for p, v in done.items():  # refused: leave the process as it was
+                mallopt(p, v)
+            return None, ()
+        done[param] = start[param]
+    return ("glibc malloc without mmap or trimming for large blocks (mallopt M_MMAP_MAX=0, "
+            "M_TRIM_THRESHOLD=2 GiB), restored after"), (mallopt, done)
 
 
 def synchronize(device: torch.device) -> None:
