@@ -37,7 +37,9 @@ REPRODUCERS: dict[tuple[str, str], tuple[str, ...]] = {
         f"{RCLI}::test_synthetic_outputs_over_one_percent_of_the_ops_fail",),
     ("replay", "replay_step_time_ratio"): (
         f"{RCLI}::test_the_ratio_verdict_comes_from_the_paired_interval",
-        f"{RCLI}::test_a_step_the_replay_cannot_reproduce_in_time_fails",),
+        f"{RCLI}::test_a_step_the_replay_cannot_reproduce_in_time_fails",
+        # host-bound and device-bound steps, each judged on its own time (issue 33)
+        "tests/test_replay_boundness.py::test_replay_says_what_bounds_the_step_and_which_time_it_judged",),
     ("replay", "dispatch_overhead_ratio"): (
         f"{RFAIL}::test_dispatch_overhead_ratio_fails_when_the_replay_takes_twice_the_eager_time",),
     # numerics

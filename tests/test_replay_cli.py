@@ -416,7 +416,7 @@ def _fake_rounds(ratios):
 
 @pytest.mark.parametrize("ratios,verdict,code", [
     ([0.97 + 0.005 * i for i in range(12)], "pass", 0),           # interval inside 0.90-1.10
-    ([1.05 + 0.01 * i for i in range(11)], "inconclusive", 1),    # interval straddles 1.10
+    ([1.05 + 0.01 * i for i in range(11)], "inconclusive", 4),    # interval straddles 1.10: undecided
     ([1.30 + 0.01 * i for i in range(11)], "fail", 1),            # interval wholly above
 ])
 def test_the_ratio_verdict_comes_from_the_paired_interval(trace_dir, tmp_path, cli_run, monkeypatch, ratios,

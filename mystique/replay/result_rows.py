@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from ..results import Results, RunContext
+from .boundness import BASIS_TEXT, BUSY_DEVICE, BUSY_HOST
 from .fidelity import RATIO_HIGH, RATIO_LOW, op_reference, original_op_us, original_step
 from .plan import Plan
 from .runtime import Executor
@@ -61,6 +62,7 @@ def results(summary: dict[str, Any], e: Executor, plan: Plan, device: str, subje
         _paired_rows(res, summary, plan, device, subject, dtype, seed)
     else:
         _recorded_rows(res, summary, plan, device, subject, target, dtype, iters, warmup, seed)
+    _bound_rows(res, summary, device, subject, dtype)
     _op_error_rows(res, summary, plan, device, subject, dtype)
     # ops with a synthetic result, plus views the executor had to synthesise (each one substitution)
     subst = sum(1 for st in e.status if st.fallbacks) + int(getattr(e, "_fallbacks", 0))
@@ -154,7 +156,7 @@ def _paired_rows(res: _Rows, summary: dict[str, Any], plan: Plan, device: str, s
               + {"pass": ": it lies within", "fail": ": it lies outside",
                  "inconclusive": ": it straddles an edge, inconclusive (more rounds with --time-cap, or a quieter "
                                  "host, may decide)"}.get(str(verdict), "")
-              + (f"; load average {load[0]:.2f}" if load else "") + f"; seed {seed}")
+              + (f"; load average {load[0]:.2f}" if load else "") + _basis_note(summary) + f"; seed {seed}")
     res.add("replay_step_time_ratio", subject, "ratio", ratio, threshold=edge, dtype=dtype, status=verdict,
             low=lo, high=hi, detail=detail)
     res.add("replay_step_time_ratio", subject, "ratio_ci_low", lo, dtype=dtype, status="info",
@@ -194,6 +196,35 @@ def _recorded_rows(res: _Rows, summary: dict[str, Any], plan: Plan, device: str,
     lacking = "; ".join(summary["lacks"])
     res.add("replay_step_time_ratio", subject, "ratio", None, threshold=None, status="skip", dtype=dtype,
             detail=why + (f"; not paired: {why_np}" if why_np else "") + (f"; lacks: {lacking}" if lacking else ""))
+
+
+def _basis_note(summary: dict[str, Any]) -> str:
+    """'; judged on the host timeline ...: the step is host-bound (...)' for a ratio's detail."""
+    basis = (summary.get("timing") or {}).get("basis")
+    if not basis:
+        return ""
+    return f"; judged on the {BASIS_TEXT.get(basis, basis)}: the step is {summary.get('bound_by')}-bound"
+
+
+def _bound_rows(res: _Rows, summary: dict[str, Any], device: str, subject: str, dtype: str) -> None:
+    """``replay_device_busy`` (and ``original_device_busy``) measurements: what the step is bound by."""
+    bound = summary.get("bound_by")
+    if bound is None:
+        return
+    rule = (f"device-bound at busy >= {BUSY_DEVICE:.1f}, host-bound at <= {BUSY_HOST:.1f}, mixed between; "
+            f"bound by {bound} (judged on the original's fraction where paired)")
+    how = (summary.get("timing") or {}).get("busy_how") or "unknown"
+    if summary.get("device_busy") is None:
+        why = ("the host runs the step on the CPU" if str(device).split(":")[0] == "cpu"
+               else f"not measured: {how}")
+        res.add("replay_device_busy", subject, "busy_fraction", None, status="info", dtype=dtype,
+                detail=f"n/a: {why}; bound by {bound}")
+        return
+    res.add("replay_device_busy", subject, "busy_fraction", summary.get("device_busy"), status="info", dtype=dtype,
+            detail=f"the device's busy fraction during the replay step ({how}); {rule}")
+    if summary.get("original_device_busy") is not None:
+        res.add("original_device_busy", subject, "busy_fraction", summary["original_device_busy"], status="info",
+                dtype=dtype, detail=f"the device's busy fraction during the original step ({how}); {rule}")
 
 
 def _op_error_rows(res: _Rows, summary: dict[str, Any], plan: Plan, device: str, subject: str, dtype: str) -> None:

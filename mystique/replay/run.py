@@ -27,10 +27,12 @@ from ..progress import Progress
 from ..results import write_csv
 from ..targets import make_target
 from ..timing import Paired, loadavg
+from .boundness import Bound, measure_bound
 from .fidelity import (
     PACINGS,
     TIMINGS,
     busy_host_threads,
+    device_sync,
     gpu_clocks,
     measure_paired,
     op_errors,
@@ -202,7 +204,7 @@ def _replay(plan: Plan, kind: str, source: str | os.PathLike, out_dir: str | os.
     prog.note(f"probe: {c['replayed']}/{c['total']} ops replayed, {sum(c['skipped'].values())} skipped")
     load0 = loadavg()
     gpu0 = gpu_clocks(target.device)
-    paired, why, threads_note, paired_threads = _paired_timing(plan, e, target, prog, o)
+    paired, why, threads_note, paired_threads, bound = _paired_timing(plan, e, target, prog, o)
     step_times = [ms / 1e3 for ms in paired.a_ms] if paired is not None else _recorded_timing(e, prog, o, why)
     op_times = _op_times(e, len(plan.ops), prog, o.op_iters if o.op_iters is not None else min(o.iters, 3))
     stats = timing_stats(paired, why=why, step_times_s=step_times, iters=o.iters, warmup=o.warmup,
@@ -215,9 +217,12 @@ def _replay(plan: Plan, kind: str, source: str | os.PathLike, out_dir: str | os.
     if e.pacing == "recorded":  # what was paced, and where the gaps came from
         stats.update(paced_ops=e.paced_ops, paced_gap_ms=e.pacing_gap_us / 1e3,
                      gap_source=plan.metadata.get("gap_source"))
+    if bound is None:  # recorded timing: the replay's busy fraction over its median step
+        bound = measure_bound(e.run_iteration, None, target.device, device_sync(e.device), None,
+                              statistics.median(step_times) * 1e3 if step_times else None)
     summary = summarize(plan, e, step_times, target.device, paired=paired, timing=stats,
                         op_error=op_errors(plan, e, op_times, device=target.device),
-                        device_name=target.info().name)
+                        device_name=target.info().name, bound=bound)
     df = results(summary, e, plan, target.device, subject_of(plan, source, kind), target, o.iters, o.warmup,
                  o.seed, reproduce=o.reproduce(source, target.device))
     with staged_output_dir(out_dir, o.force) as stage:
@@ -232,13 +237,15 @@ def _replay(plan: Plan, kind: str, source: str | os.PathLike, out_dir: str | os.
 
 
 def _paired_timing(plan: Plan, e: Executor, target: Any, prog: Progress,
-                   o: _Options) -> tuple[Paired | None, str, dict[str, Any], int]:
-    """``(paired rounds or None, why not paired, threads note, threads the rounds ran with)``: the replay
-    alternated with the original step rebuilt here, where it can be (see :func:`replay`)."""
+                   o: _Options) -> tuple[Paired | None, str, dict[str, Any], int, Bound | None]:
+    """``(paired rounds or None, why not paired, threads note, threads the rounds ran with, bound)``: the
+    replay alternated with the original step rebuilt here, where it can be (see :func:`replay`); ``bound``
+    what the step is bound by (:func:`boundness.measure_bound`, one profiled iteration of each side after
+    the rounds), None where not paired."""
     original, why = rebuild_original(plan, target.device, o.timing, o.collective_handler, o.original)
     paired_threads = torch.get_num_threads()
     if original is None:
-        return None, why, {}, paired_threads
+        return None, why, {}, paired_threads, None
     spec = original_step(plan) or {}
     prog.note(f"paired timing: the replay alternates with {o.original or spec.get('target')} rebuilt here "
               f"(ABBA rounds, until the 95% interval is within {o.half_width:.1%} or {o.time_cap:g} s)")
@@ -257,11 +264,13 @@ def _paired_timing(plan: Plan, e: Executor, target: Any, prog: Progress,
         paired_threads = torch.get_num_threads()
         if paired_threads != set_threads:
             torch.set_num_threads(set_threads)  # the per-op passes run with the captured setting
+    bound = (measure_bound(e.run_iteration, original, target.device, device_sync(e.device), paired, None)
+             if paired is not None else None)
     del original  # free the original's model before the per-op passes
     if paired is not None:
         lo, hi = paired.interval
         prog.note(f"paired: {paired.rounds} rounds, ratio {paired.ratio:.3f} [{lo:.3f}, {hi:.3f}] ({paired.stop})")
-    return paired, why, threads_note, paired_threads
+    return paired, why, threads_note, paired_threads, bound
 
 
 def _recorded_timing(e: Executor, prog: Progress, o: _Options, why: str) -> list[float]:

@@ -10,6 +10,7 @@ from typing import Any
 
 from ..io import csv_text
 from ..timing import Paired
+from .boundness import BASIS_TEXT, Bound, basis_paired
 from .fidelity import comparable, lacks, original_op_us, original_step, ratio_verdict, recorded_original
 from .plan import Plan
 from .runtime import Executor
@@ -22,7 +23,8 @@ DESIGN_SUMMARY_KEYS = ("ops_total", "ops_replayed", "ops_skipped", "coverage", "
 #: every summary.json key: docs/design.md's, then the interval and the timing statistics
 SUMMARY_KEYS = DESIGN_SUMMARY_KEYS + (
     "ratio_kind", "ratio_low", "ratio_high", "half_width", "verdict", "original_step_source",
-    "recorded_original_step_ms", "recorded_ratio", "cross_device", "timing", "op_error", "lacks")
+    "recorded_original_step_ms", "recorded_ratio", "cross_device", "timing", "op_error", "lacks",
+    "device_busy", "original_device_busy", "bound_by")
 
 
 def _input_meta(plan: Plan, op: dict[str, Any]) -> tuple[str, str]:
@@ -47,7 +49,8 @@ def _input_meta(plan: Plan, op: dict[str, Any]) -> tuple[str, str]:
 
 def summarize(plan: Plan, e: Executor, step_times_s: list[float], device: str, *,
               paired: Paired | None = None, timing: dict[str, Any] | None = None,
-              op_error: dict[str, Any] | None = None, device_name: str | None = None) -> dict[str, Any]:
+              op_error: dict[str, Any] | None = None, device_name: str | None = None,
+              bound: Bound | None = None) -> dict[str, Any]:
     """``summary.json`` of a replay (see docs/design.md): counts, coverage, step times and their ratio.
 
     ``coverage_by_time`` weighs each op by its original (Kineto) time over the ops whose time
@@ -62,7 +65,19 @@ def summarize(plan: Plan, e: Executor, step_times_s: list[float], device: str, *
     unknown or was measured on another kind of device than the replay's; ``cross_device`` says
     when the recorded original ran on another device model. ``recorded_*`` keep the recorded
     figures in either case.
+
+    ``bound`` (:class:`.boundness.Bound`): what the step is bound by (``device_busy``,
+    ``original_device_busy``, ``bound_by``); a paired ratio is then taken on its basis (a host-bound
+    step's host timeline, else device time), which ``timing["basis"]`` names. Without it the paired
+    ratio is on the rounds' own clock, as before, and the step is said to be host-bound on the CPU.
     """
+    timing = dict(timing or {})
+    if bound is not None:
+        timing.update(bound.timing())
+        if paired is not None and paired.rounds:
+            paired = basis_paired(paired, bound.basis)
+            timing["ratios"] = paired.ratios
+            timing["basis_text"] = BASIS_TEXT[bound.basis]
     c = e.counts()
     total = c["total"]
     replayed = c["replayed"]
@@ -113,10 +128,17 @@ def summarize(plan: Plan, e: Executor, step_times_s: list[float], device: str, *
         "recorded_original_step_ms": _f(rec_ms),
         "recorded_ratio": _f(recorded_ratio),
         "cross_device": bool(cross),
-        "timing": timing or {},
+        "timing": timing,
         "op_error": op_error or {},
         "lacks": lacks(plan),
+        "device_busy": _f(bound.replay_busy) if bound else None,
+        "original_device_busy": _f(bound.original_busy) if bound else None,
+        "bound_by": bound.bound_by if bound else (None if _kind(device) != "cpu" else "host"),
     }
+
+
+def _kind(device: str) -> str:
+    return str(device).split(":")[0]
 
 
 def original_ops_total(plan: Plan) -> int:

@@ -43,11 +43,12 @@ TOP_OP_TYPES = 15
 #: The verdict band of the paired ratio (mystique.replay.fidelity.RATIO_LOW/HIGH; not imported:
 #: that module imports torch).
 BAND = (0.90, 1.10)
-_FIDELITY = ("original_step_ms", "replay_step_ms", "ratio", "coverage", "coverage_by_time")
+_FIDELITY = ("original_step_ms", "replay_step_ms", "ratio", "coverage", "coverage_by_time", "device_busy")
 #: replay rows whose (check, metric) carry a fidelity figure under another name
 _FIDELITY_ALIASES = {
     ("replay_step_time", "median_ms"): "replay_step_ms",
     ("original_step_time", "median_ms"): "original_step_ms",
+    ("replay_device_busy", "busy_fraction"): "device_busy",
 }
 #: ops.csv statuses of an operator that was replayed
 _REPLAYED = ("", "replayed", "ok", "pass")
@@ -76,6 +77,8 @@ def _fidelity_entries(rows: SuiteRows, run_no: dict[tuple[str, str], Any]) -> li
             e["ops_total"] = art.summary.get("ops_total")
             e["ops_replayed"] = art.summary.get("ops_replayed")
             e["ops_skipped"] = art.summary.get("ops_skipped") or {}
+            e["bound_by"] = art.summary.get("bound_by")
+            e["basis"] = (art.summary.get("timing") or {}).get("basis")
     items = list(entries.values())
     for e in items:
         if (
@@ -86,6 +89,14 @@ def _fidelity_entries(rows: SuiteRows, run_no: dict[tuple[str, str], Any]) -> li
         ):
             e["ratio"] = e["replay_step_ms"] / e["original_step_ms"]
     return items
+
+
+def _bound_text(e: dict[str, Any]) -> str:
+    """'host (judged on host timeline)': what bounds the step and the time its verdict judged."""
+    bound = e.get("bound_by")
+    if not bound:
+        return ""
+    return f"{bound} (judged on {e['basis']})" if e.get("basis") else str(bound)
 
 
 def _skipped_text(e: dict[str, Any]) -> str:
@@ -121,6 +132,8 @@ def _fidelity_blocks(items: list[dict[str, Any]], multi: bool, ids: Ids) -> list
         column("ratio", lambda e: e.get("ratio"), "num"),
         column("coverage", lambda e: e.get("coverage"), "pct"),
         column("coverage by time", lambda e: e.get("coverage_by_time"), "pct"),
+        column("device busy", lambda e: e.get("device_busy"), "pct"),
+        column("bound by", _bound_text, "detail"),
         column("ops replayed", _ops_text, "num"),
         column("skipped ops", _skipped_text, "detail"),
     ]
@@ -161,6 +174,8 @@ def paired_caption(summary: dict[str, Any]) -> str:
         f"stopped: {t.get('stop') or 'unknown'}",
         f"clock {t.get('clock') or 'unknown'}",
     ]
+    if t.get("basis"):
+        parts.append(f"judged on the {t['basis']} ({summary.get('bound_by') or '?'}-bound step)")
     threads = t.get("threads")
     if threads is not None:
         parts.append(f"{fmt(threads)} thread{'' if threads == 1 else 's'}")
