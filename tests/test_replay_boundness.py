@@ -166,3 +166,39 @@ def test_the_report_shows_the_busy_fraction_and_what_bounds_the_step(trace_dir, 
     text = html.read_text()
     assert code == 0 and "device busy" in text and "host (judged on host timeline)" in text
     assert "judged on the host timeline (host-bound step)" in text
+
+
+def test_the_replay_path_is_the_compiled_iteration_in_every_process_and_is_recorded(trace_dir, tmp_path, cli_run,
+                                                                                   monkeypatch):
+    """Two executors of one plan (two processes alike) take the same path: every whole iteration after the
+    probe is compiled; summary.json's timing says so, and a step forced onto the per-op loop says that."""
+    from mystique.replay import fidelity
+    from mystique.replay.plan import plan_from_path
+    from mystique.replay.runtime import Executor
+
+    plan, _ = plan_from_path(trace_dir, None, ())
+    counts = []
+    for _ in range(2):
+        e = Executor(plan.data, "cpu", seed=0)
+        e.probe()
+        e.time_iterations(3, 1)
+        counts.append(dict(e.path_counts))
+    assert counts[0] == counts[1] == {"compiled": 4, "per_op": 0}
+    slow = Executor(plan.data, "cpu", seed=0)
+    slow.fast = False
+    slow.probe()
+    slow.time_iterations(2, 0)
+    assert slow.path_counts == {"compiled": 0, "per_op": 2}
+
+    def fake_rounds(a, b, **kw):
+        a()
+        b()
+        return _rounds(1.0, 1.0)
+
+    monkeypatch.setattr(fidelity, "paired_rounds", fake_rounds)
+    out = tmp_path / "r"
+    cli_run("-q", "replay", str(trace_dir), "-o", str(out), "--iters", "2", "--warmup", "0",
+            "--original", "user_steps:tiny_mlp")
+    t = json.loads((out / "summary.json").read_text())["timing"]
+    assert t["replay_path"]["compiled"] >= 1 and t["replay_path"]["per_op"] == 0
+    assert t["cpu_affinity"] is None or t["cpu_affinity"] >= 1

@@ -138,7 +138,7 @@ def _paired_rows(res: _Rows, summary: dict[str, Any], plan: Plan, device: str, s
     how = (f"median of {t['rounds']} paired rounds ({t['order']}, alternating with the original step in this "
            f"process) after {t['warmup_rounds']} warm-up rounds ({t['warmup_s']:.1f} s"
            f"{'' if t['warmup_settled'] else ', not settled: time cap'}); clock {t['clock']}; "
-           f"pacing {t['pacing']}; {threads}seed {seed}")
+           f"pacing {t['pacing']}; {threads}{_path_note(t)}seed {seed}")
     res.add("replay_step_time", subject, "median_ms", summary["replay_step_ms"], unit="ms", status="info",
             dtype=dtype, detail=how)
     spec = original_step(plan) or {}
@@ -196,6 +196,15 @@ def _recorded_rows(res: _Rows, summary: dict[str, Any], plan: Plan, device: str,
     lacking = "; ".join(summary["lacks"])
     res.add("replay_step_time_ratio", subject, "ratio", None, threshold=None, status="skip", dtype=dtype,
             detail=why + (f"; not paired: {why_np}" if why_np else "") + (f"; lacks: {lacking}" if lacking else ""))
+
+
+def _path_note(t: dict[str, Any]) -> str:
+    """'replay path: 120 compiled, 0 per-op iterations; ' from timing.replay_path, or ''."""
+    p = t.get("replay_path")
+    if not p:
+        return ""
+    return (f"replay path: {p.get('compiled', 0)} compiled, {p.get('per_op', 0)} per-op iterations"
+            + (f" ({p['compiled_failures']} compiled failures)" if p.get("compiled_failures") else "") + "; ")
 
 
 def _basis_note(summary: dict[str, Any]) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import statistics
 from typing import Any
 
@@ -72,6 +73,10 @@ def summarize(plan: Plan, e: Executor, step_times_s: list[float], device: str, *
     ratio is on the rounds' own clock, as before, and the step is said to be host-bound on the CPU.
     """
     timing = dict(timing or {})
+    paths = getattr(e, "path_counts", None)
+    if paths is not None:  # which path the timed whole iterations took (issue 33: one per process?)
+        timing["replay_path"] = {**paths, "compiled_failures": int(getattr(e, "_fast_failures", 0))}
+    timing["cpu_affinity"] = _affinity()
     if bound is not None:
         timing.update(bound.timing())
         if paired is not None and paired.rounds:
@@ -135,6 +140,14 @@ def summarize(plan: Plan, e: Executor, step_times_s: list[float], device: str, *
         "original_device_busy": _f(bound.original_busy) if bound else None,
         "bound_by": bound.bound_by if bound else (None if _kind(device) != "cpu" else "host"),
     }
+
+
+def _affinity() -> int | None:
+    """How many CPUs this process may run on (None where the OS does not say)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return None
 
 
 def _kind(device: str) -> str:

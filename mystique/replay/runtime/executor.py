@@ -122,6 +122,9 @@ class Executor(PlanInterpreter):
         self.fast = True  # whole iterations after the probe run the compiled iteration
         self._fast_fn: Callable[[tuple[Any, ...]], None] | None = None
         self._fast_failures = 0
+        # whole untimed-instrumentation iterations by path: the compiled iteration, or the per-op loop
+        # (fast off, or after 3 compiled iterations raised): what a replay's timing ran (summary.json)
+        self.path_counts = {"compiled": 0, "per_op": 0}
         self._ext_values: tuple[Any, ...] = ()
         self._blank: list[Any] = []
         self.pacing = pacing
@@ -376,6 +379,7 @@ class Executor(PlanInterpreter):
                 set_grad(prev_grad)
             if ok:
                 synchronize(dev)
+                self.path_counts["compiled"] += 1
                 return []
         self._begin_iteration()
         vals = self.vals
@@ -388,6 +392,8 @@ class Executor(PlanInterpreter):
             set_grad(prev_grad)
         synchronize(dev)
         self._begin_iteration()  # drop every intermediate of this iteration
+        if not (per_op or probe):
+            self.path_counts["per_op"] += 1
         self._probed = True
         return times
 
