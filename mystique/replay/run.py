@@ -9,6 +9,7 @@ recorded, labelled as such.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -192,21 +193,25 @@ def subject_of(plan: Plan, source: str | os.PathLike, kind: str) -> str:
 
 def _replay(plan: Plan, kind: str, source: str | os.PathLike, out_dir: str | os.PathLike, target: Any,
             prog: Progress, o: _Options) -> tuple[dict[str, Any], Any]:
-    # CPU: large blocks from a heap never trimmed, for the replay and the original beside it (see
-    # steady_host_allocator: page faults of fresh mmaps are the allocator's history, not the ops')
-    allocator = steady_host_allocator() if torch.device(target.device).type == "cpu" else None
-    e = make_executor(plan, target.device, seed=o.seed, pacing=o.pacing, allow_ops=o.allow_ops,
-                      collective_handler=o.collective_handler)
-    prog.note(f"{len(plan.ops)} ops, {len(plan.data.get('inputs', []))} input tensors materialised; peak memory "
-              f"{e.peak_bytes() / 2**20:.1f} MiB; probing")
-    e.probe()
-    c = e.counts()
-    prog.note(f"probe: {c['replayed']}/{c['total']} ops replayed, {sum(c['skipped'].values())} skipped")
-    load0 = loadavg()
-    gpu0 = gpu_clocks(target.device)
-    paired, why, threads_note, paired_threads, bound = _paired_timing(plan, e, target, prog, o)
-    step_times = [ms / 1e3 for ms in paired.a_ms] if paired is not None else _recorded_timing(e, prog, o, why)
-    op_times = _op_times(e, len(plan.ops), prog, o.op_iters if o.op_iters is not None else min(o.iters, 3))
+    # CPU: large blocks from a heap never trimmed, for the replay and the original beside it, while they
+    # are built and timed only (steady_host_allocator: page faults of fresh mmaps are the allocator's
+    # history, not the ops'; the process's settings come back after)
+    cpu = torch.device(target.device).type == "cpu"
+    with steady_host_allocator() if cpu else contextlib.nullcontext() as allocator:
+        e = make_executor(plan, target.device, seed=o.seed, pacing=o.pacing, allow_ops=o.allow_ops,
+                          collective_handler=o.collective_handler)
+        prog.note(f"{len(plan.ops)} ops, {len(plan.data.get('inputs', []))} input tensors materialised; "
+                  f"peak memory {e.peak_bytes() / 2**20:.1f} MiB; probing")
+        e.probe()
+        c = e.counts()
+        prog.note(f"probe: {c['replayed']}/{c['total']} ops replayed, {sum(c['skipped'].values())} skipped")
+        load0 = loadavg()
+        gpu0 = gpu_clocks(target.device)
+        paired, why, threads_note, paired_threads, bound = _paired_timing(plan, e, target, prog, o)
+        step_times = ([ms / 1e3 for ms in paired.a_ms] if paired is not None
+                      else _recorded_timing(e, prog, o, why))
+        op_iters = o.op_iters if o.op_iters is not None else min(o.iters, 3)
+        op_times = _op_times(e, len(plan.ops), prog, op_iters)
     stats = timing_stats(paired, why=why, step_times_s=step_times, iters=o.iters, warmup=o.warmup,
                              pacing=o.pacing, device=target.device,
                              threads=paired_threads if paired is not None else torch.get_num_threads(),
