@@ -413,3 +413,38 @@ def checked_mm(a: torch.Tensor, b: torch.Tensor, *, checks: str = "row", lam: fl
         return acc, verify_gemm(enc, acc, dtype=a.dtype, lam=lam, exact_ratio=exact_ratio)
     return acc.to(a.dtype), verify_gemm(enc, acc, dtype=a.dtype, lam=lam, u=u, exact_ratio=exact_ratio,
                                         scale_floor=floor)
+
+
+@torch.no_grad()
+def sure_row_alarms(a: torch.Tensor, b: torch.Tensor, change: torch.Tensor, a_after: torch.Tensor | None = None, *,
+                    u: float | None = None, lam: float | None = None) -> np.ndarray:
+    """Which rows (a bool per row) of a float ``a @ b`` checked by :func:`verify_gemm` (row checks encoded
+    from ``a``, ``b``; no bias) a change of the product is sure to raise the alarm in: ``change`` (M x N)
+    is the exact change of the product (an operand flip: ``(a_after - a) @ b`` in fp64; an output flip:
+    the changed elements), ``a_after`` the operand the product was computed from (default ``a``).
+
+    Derivation: the check alarms where ``max_w |(C W)_iw - ref_wi| > thr_i`` (the exact threshold of
+    :func:`.encoding.gemm_constants` over ``a``'s row norms, ``u`` the accumulator's unit roundoff; the
+    lower-bound path clears a row only below a lower bound of ``thr_i``). ``(C W)_iw - ref_wi`` is the
+    exact change of row i's checksum, ``(change W)_iw``, plus the rounding of the product and of its
+    checksum (within ``thr_i`` over the operand the product read, ``a_after``) and of the reference
+    (within ``thr_i`` over ``a``). So a row with ``max_w |(change W)_iw| > thr_i(a) + thr_i(a_after)``
+    alarms, and so does one whose change is not finite. A change of at most ``thr_i(a)`` is one the
+    rounding of a clean product may make to that checksum: the check cannot tell it from rounding. The
+    checksums here are in fp64 (2^-53 relative, far below ``u``).
+    """
+    m, k = a.shape
+    n = b.shape[1]
+    u = UNIT_ROUNDOFF[torch.float32] if u is None else u
+    factor, det, tiny = gemm_constants(k, m, n, u, GEMM_LAMBDA if lam is None else lam, 0.0, torch.float32)
+    a64, b64 = a.detach().cpu().double(), b.detach().cpu().double()
+    w = check_weights(n, "cpu", torch.float64)
+    r = float(torch.linalg.vector_norm(b64.abs().sum(1)))
+
+    def thr(x: torch.Tensor) -> np.ndarray:
+        return (factor * torch.linalg.vector_norm(x, dim=1) * r + det * (x @ b64).sum(1).abs() + tiny).numpy()
+
+    after = a64 if a_after is None else a_after.detach().cpu().double()
+    with np.errstate(invalid="ignore", over="ignore"):
+        moved = (change.detach().cpu().double() @ w.t()).abs().amax(1).numpy()
+        return ~np.isfinite(moved) | (moved > thr(a64) + thr(after))
