@@ -1021,8 +1021,8 @@ def test_paired_replay_charts_its_rounds(tmp_path: Path):
     assert "0.90-1.10 verdict band" in caption
     assert "is recorded" not in html
     # the per-op subjects nested under the workload do not split its fidelity row
-    fid = page.table("fidelity")[0]["rows"][1:]
-    assert [r[0] for r in fid] == ["dlrm/debug/infer"] and fid[0][6] == "29 / 29"
+    _head, *fid = page.table("fidelity")[0]["rows"]
+    assert [r[0] for r in fid] == ["dlrm/debug/infer"] and "29 / 29" in fid[0]
 
 
 def test_recorded_replay_notes_its_ratio_without_a_chart(tmp_path: Path):
