@@ -949,10 +949,11 @@ def _campaign(seeds: list[Seed], n: int, derandomize: bool) -> Tally:
 
 
 def test_fuzz_fast(fast_seeds):
-    """A few hundred cases in the default run (a fixed sequence: a red run reproduces)."""
-    tally = _campaign(fast_seeds, 400, derandomize=True)
+    """A few hundred cases in the default run (a fixed sequence: a red run reproduces); the 10,000-case
+    campaign with fresh seeds runs under -m slow."""
+    tally = _campaign(fast_seeds, 250, derandomize=True)
     print(f"\nfuzz (fast): {tally.line()}\nper seed: {dict(tally.seeds)}")
-    assert tally.cases >= 400
+    assert tally.cases >= 250
     assert tally.codes[0] > 0 and tally.codes[2] > 0  # both outcomes are exercised
 
 

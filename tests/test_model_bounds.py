@@ -24,6 +24,17 @@ def _quiet(monkeypatch):
     monkeypatch.setattr(progress, "_ENABLED", False)
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _shared_goldens():
+    """The derived bounds (fp64 reruns, computed with no mode active) of one seed serve every test of this
+    module, as they serve every run of a self-test (validators/golden_cache.py; its tests show a kept
+    golden equals a fresh one)."""
+    from mystique.validators import golden_cache
+
+    with golden_cache.shared():
+        yield
+
+
 def _model_rows(df):
     return df[df["check"].isin(MODEL_ROWS)]
 
