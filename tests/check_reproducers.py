@@ -18,6 +18,7 @@ NUMF = "tests/test_numerics_can_fail.py"
 SE = "tests/test_soft_errors_run.py"
 SEF = "tests/test_soft_errors_can_fail.py"
 RATES = "tests/test_rate_verdicts.py"
+SURE = "tests/test_soft_errors_sure_verdict.py"
 COR = "tests/test_correctness.py"
 ONNX = "tests/test_onnx.py"
 ONNXF = "tests/test_onnx_can_fail.py"
@@ -82,7 +83,9 @@ REPRODUCERS: dict[tuple[str, str], tuple[str, ...]] = {
         f"{SEF}::test_false_positives_fails_when_the_device_corrupts_clean_products",),
     ("soft_errors", "detection_campaign"): (
         f"{RATES}::test_one_miss_in_ten_fails",
-        f"{RATES}::test_a_screen_reports_an_undecided_rate_as_a_measurement_and_checks_its_misses",),
+        f"{RATES}::test_a_screen_reports_an_undecided_rate_as_a_measurement_and_checks_its_misses",
+        f"{RATES}::test_a_missed_sure_flip_fails_and_one_below_the_resolution_does_not",
+        f"{SURE}::test_the_campaign_fails_when_the_checkers_threshold_is_100_times_the_derived_one",),
     ("soft_errors", "pvf_control"): (
         f"{SE}::test_pvf_control_fails_on_a_device_that_changes_the_output_without_any_flip",),
     ("soft_errors", "sdc_screen"): (

@@ -1,5 +1,6 @@
 """Rates judged from their 95% Wilson interval (mystique.binomial), the soft-error rate rows built on
-it, and the full level's top-up that runs the trials a verdict needs."""
+it, the flips a detection rate is judged on (sure to alarm by the check's bound, else significant) and
+the full level's top-up that runs the trials a verdict needs."""
 
 from __future__ import annotations
 
@@ -9,10 +10,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from mystique.validators import soft_errors
+from mystique.validators.groups import GroupContext
 from mystique.validators.soft_errors.checks import common, detection_campaign
 from mystique.validators.soft_errors.checks.detection_campaign import topup_plan
 
 from mystique.binomial import Z95, rate_verdict, trials_to_pass, wilson
+from mystique.progress import Progress
 from mystique.results import Results, RunContext
 from mystique.targets import Target
 
@@ -147,7 +150,7 @@ def test_topup_plans_the_trials_that_decide_each_undecided_row():
 
 
 def test_the_full_level_decides_every_rate(tmp_path, monkeypatch):
-    # a target whose trials stay small here: 73 significant flips per row without a miss
+    # a target whose trials stay small here: 73 judged flips per row without a miss
     monkeypatch.setattr(detection_campaign, "DETECTION_TARGET", 0.95)
     df = soft_errors.run(Target("cpu"), level="full", groups=["detection_campaign"], out_dir=tmp_path, trials=36,
                          ops=("embedding_bag_sum",))
@@ -157,3 +160,75 @@ def test_the_full_level_decides_every_rate(tmp_path, monkeypatch):
     assert "misses" not in set(df.metric)  # the full level judges the rates themselves
     assert (tmp_path / "campaign_detection_topup1.jsonl").exists()
     assert "top-up trials" in rates[rates.subject == "all"].detail.iloc[0]
+
+
+# ------------------------------------------------------------------------------- the judged flips
+
+
+def _flip(op: str, site: str, sure: bool | None, significant: bool, detected: bool) -> dict:
+    return {"op": op, "site": site, "bit_class": "mantissa", "pattern": "single", "seed": 1, "shape": [4, 4, 4],
+            "bits": [3], "delta": 0.1, "significant": significant, "detected": detected, "sure": sure}
+
+
+def _judge(outs: list[dict], level: str, op: str = "gemm_bfloat16", site: str = "gemm_operand") -> dict[str, dict]:
+    """The rows detection_campaign writes for one (op, site, bit class) of ``outs``, by metric."""
+    res = Results(RunContext("cpu"), "soft_errors")
+    ctx = GroupContext(Target("cpu"), res, 0, level, Progress("soft_errors"))
+    detection_campaign._combination_rows(ctx, f"{op}/{site}/mantissa", op, site, outs, level == "quick")
+    return {r["metric"]: r for r in res.rows}
+
+
+#: what the full campaign's gemm_bfloat16 operand mantissa row holds: flips sure to alarm, all caught, and
+#: a few significant ones below the check's resolution (they tip one bf16 rounding), missed
+SURE_CAUGHT = [_flip("gemm_bfloat16", "gemm_operand", True, True, True)] * 3838
+BELOW_RESOLUTION = [_flip("gemm_bfloat16", "gemm_operand", False, True, False)] * 8
+SURE_BENIGN = [_flip("gemm_bfloat16", "gemm_operand", True, False, True)] * 5
+
+
+def test_a_row_is_judged_on_its_sure_flips_and_reports_the_output_rule_as_a_measurement():
+    rows = _judge(SURE_CAUGHT + BELOW_RESOLUTION + SURE_BENIGN, "full")
+    rate = rows["detection_rate"]
+    assert rate["status"] == "pass" and rate["value"] == 1.0 and rows["trials"]["value"] == 3838 + 5
+    assert "sure to alarm" in rate["detail"]
+    sig = rows["significant_detection_rate"]  # the output rule: 8 misses in 3846, a measurement
+    assert sig["status"] == "info" and sig["value"] == pytest.approx(3838 / 3846) and math.isnan(sig["threshold"])
+    assert rows["significant_trials"]["value"] == 3846 and sig["high"] < 0.999  # it would fail as a verdict
+    below = rows["below_resolution_fraction"]
+    assert below["status"] == "info" and below["value"] == pytest.approx(8 / 3846)
+    # the same outcomes recorded without `sure` (no bound known) are judged by the output rule
+    old = _judge([{k: v for k, v in o.items() if k != "sure"} for o in SURE_CAUGHT + BELOW_RESOLUTION], "full")
+    assert old["detection_rate"]["status"] == "fail" and "significant flips (the output rule)" in \
+        old["detection_rate"]["detail"] and "significant_detection_rate" not in old
+
+
+def test_a_missed_sure_flip_fails_and_one_below_the_resolution_does_not():
+    missed = [_flip("gemm_float32", "gemm_output", True, True, False)]
+    caught = [_flip("gemm_float32", "gemm_output", True, True, True)] * 9
+    full = _judge(caught + missed, "full", "gemm_float32", "gemm_output")
+    assert full["detection_rate"]["status"] == "fail"
+    quick = _judge(caught + missed + BELOW_RESOLUTION[:2], "quick", "gemm_float32", "gemm_output")
+    assert quick["misses"]["status"] == "fail" and quick["misses"]["value"] == 1  # the sure miss only
+    quick = _judge(caught + BELOW_RESOLUTION[:2], "quick", "gemm_float32", "gemm_output")
+    assert quick["misses"]["status"] == "pass" and quick["detection_rate"]["status"] == "info"
+    assert quick["significant_detection_rate"]["value"] == pytest.approx(9 / 11)
+
+
+def test_int8_gemm_and_bag_outputs_keep_the_output_rule():
+    for op, site, why in (("gemm_int8", "gemm_output", "int8 GEMM checked exactly"),
+                          ("embedding_bag_sum", "bag_output", "no bound of the table's checksums applies")):
+        outs = [_flip(op, site, None, True, True)] * 9 + [_flip(op, site, None, True, False)] + \
+            [_flip(op, site, None, False, False)] * 4
+        rows = _judge(outs, "full", op, site)
+        assert rows["detection_rate"]["status"] == "fail" and rows["trials"]["value"] == 10  # the significant ones
+        assert why in rows["detection_rate"]["detail"] and "significant flips (the output rule)" in \
+            rows["detection_rate"]["detail"]
+        assert "significant_detection_rate" not in rows and "below_resolution_fraction" not in rows
+
+
+def test_topup_counts_the_judged_flips():
+    combos = [("gemm_float32", "gemm_output", "mantissa", "single")]
+    sure_not_sig = [_flip("gemm_float32", "gemm_output", True, False, True)] * 3838
+    assert topup_plan(combos, sure_not_sig, 0.999, 10**9) == {}  # decided on its sure flips
+    below = [_flip("gemm_float32", "gemm_output", False, True, False)] * 3838
+    plan = topup_plan(combos, below, 0.999, 10**9)  # none judged yet: planned at the floor share
+    assert plan[0] >= 3838 * 1.15 / 0.02

@@ -43,9 +43,11 @@ def _is_rate(check: str, metric: str) -> bool:
 
 def _with_interval(e: dict[str, Any]) -> dict[str, Any]:
     """A detection-rate group with its trials and 95% interval: the rate row's ``low`` and ``high``, else
-    its ``<metric>_ci_low``/``_ci_high`` rows, else Wilson's from its ``trials`` row (never the detail)."""
+    its ``<metric>_ci_low``/``_ci_high`` rows, else Wilson's from its trials row (never the detail). The
+    trials row of a rate ``PREFIX_detection_rate`` is ``PREFIX_trials`` where the group has one (a second
+    rate of one subject), else ``trials``."""
     o, m = e["others"], e["metric"]
-    trials = o.get("trials", math.nan)
+    trials = o.get(f"{m.removesuffix('detection_rate')}trials", o.get("trials", math.nan))
     lo, hi = e["low"], e["high"]
     if not (finite(lo) and finite(hi)):
         lo, hi = o.get(f"{m}_ci_low", math.nan), o.get(f"{m}_ci_high", math.nan)

@@ -52,10 +52,13 @@ from .abft import (
     verify_bag_output,
     verify_gemm,
 )
+from .abft.bag_verdict import row_sums64, sure_alarms
+from .abft.gemm import sure_row_alarms
 from .inject import flip_tensor
 
 TrialFn = Callable[[int], dict[str, Any]]
 SIGNIFICANCE = 2.0**-7  # a flip is significant when it moves an output by more than this x rms(output)
+FP32_BAG_EXTRA, BYTE_BAG_EXTRA = 4.0, 6.0  # the `extra` roundings of the checked fp32 and 8-bit lookups
 
 
 def config_hash(config: dict[str, Any]) -> str:
@@ -289,10 +292,27 @@ def gemm_trial(op: str, site: str, bit_class: str, pattern: str, seed: int, devi
             rep = verify_gemm(enc, acc, dtype=a.dtype)
     delta = _delta(clean_out, out)
     tol = 0.0 if kind == "int8" else SIGNIFICANCE * _rms(clean_out)
+    sure = None if kind == "int8" or op in CONTRAST_OPS else _gemm_sure(a, b, site, a_used, acc.shape, rec)
     return {"op": op, "site": site, "bit_class": bit_class, "pattern": pattern, "seed": seed,
             "shape": [m, k, n], "dist": dist if kind != "int8" else "int8", "bits": rec.bits, "index": rec.index,
             "original": rec.original, "corrupted": rec.corrupted, "delta": delta, "tol": tol,
-            "significant": bool(delta > tol), "detected": bool(rep.alarm), "ratio": rep.max_ratio}
+            "significant": bool(delta > tol), "detected": bool(rep.alarm), "ratio": rep.max_ratio, "sure": sure}
+
+
+def _gemm_sure(a: torch.Tensor, b: torch.Tensor, site: str, a_used: torch.Tensor, shape: torch.Size,
+               rec: Any) -> bool:
+    """Whether a float GEMM trial's flip is sure to raise the alarm by the check's own bound
+    (:func:`.abft.gemm.sure_row_alarms`, with the unit roundoff and lambda :func:`verify_gemm` used: fp32's,
+    the default): its exact change of some row's checksum exceeds ``thr(a) + thr(a_after)``. The change is
+    ``(a_after - a) @ b`` in fp64 for an operand flip, the flipped accumulator element's change for an
+    output flip."""
+    a32, b32 = a.float(), b.float()
+    if site == "gemm_operand":
+        change = (a_used.detach().cpu().double() - a.detach().cpu().double()) @ b.detach().cpu().double()
+        return bool(sure_row_alarms(a32, b32, change, a_used.float()).any())
+    change = torch.zeros(tuple(shape), dtype=torch.float64)
+    change.view(-1)[rec.index] = rec.corrupted - rec.original  # (inf or NaN where the flip made one)
+    return bool(sure_row_alarms(a32, b32, change).any())
 
 
 def embedding_trial(op: str, site: str, bit_class: str, pattern: str, seed: int, device: str,
@@ -332,7 +352,7 @@ def embedding_trial(op: str, site: str, bit_class: str, pattern: str, seed: int,
                 orig, new = flip_bits_(packed, row * packed.shape[1] + col, bits)
                 index = row * packed.shape[1] + col
             faulty = QuantizedTable(packed, table.checks, d)
-            call = FusedCall.of(faulty.fused(), Bags(table.checks, idx, offsets, mode, None, bags, d, 6.0,
+            call = FusedCall.of(faulty.fused(), Bags(table.checks, idx, offsets, mode, None, bags, d, BYTE_BAG_EXTRA,
                                                        0.0, None, op, "uint8", (rows, d, bags)))
             out, rep = _checked_bag(call, site, lambda: quantized_embedding_bag(faulty, idx, offsets, mode))
             if site == "bag_output":
@@ -340,7 +360,7 @@ def embedding_trial(op: str, site: str, bit_class: str, pattern: str, seed: int,
                 bits, index, orig, new = rec.bits, rec.index, rec.original, rec.corrupted
             if rep is None:
                 rep = call.verdict(out) if call is not None else \
-                    verify_bag_output(out, table.checks, idx, offsets, mode, extra=6.0, op=op, dtype="uint8")
+                    verify_bag_output(out, table.checks, idx, offsets, mode, extra=BYTE_BAG_EXTRA, op=op, dtype="uint8")
         else:
             faulty = table.weight.clone()
             if site == "embedding_row":
@@ -349,20 +369,26 @@ def embedding_trial(op: str, site: str, bit_class: str, pattern: str, seed: int,
                 index = row * faulty.shape[1] + col
                 orig, new = flip_bits_(faulty, index, bits)
             call = FusedCall.of(fused_table(faulty, table.checks, d), Bags(
-                table.checks, idx, offsets, mode, None, bags, d, 4.0, 0.0, None, op, "float32", (rows, d, bags)))
+                table.checks, idx, offsets, mode, None, bags, d, FP32_BAG_EXTRA, 0.0, None, op, "float32", (rows, d, bags)))
             out, rep = _checked_bag(call, site, lambda: F.embedding_bag(idx, faulty, offsets, mode=mode))
             if site == "bag_output":
                 rec = flip_tensor(out, seed=seed, site=site, name=op, bit_class=bit_class, pattern=pattern, k=k_bits)
                 bits, index, orig, new = rec.bits, rec.index, rec.original, rec.corrupted
             if rep is None:
                 rep = call.verdict(out) if call is not None else \
-                    verify_bag_output(out, table.checks, idx, offsets, mode, op=op)
+                    verify_bag_output(out, table.checks, idx, offsets, mode, extra=FP32_BAG_EXTRA, op=op)
     delta = _delta(clean, out)
     tol = SIGNIFICANCE * _rms(clean)
+    sure: bool | None = None  # an output flip: no bound of the table's checksums applies (the old rule)
+    if site == "embedding_row":  # by the check's own bound (sure_alarms), for the extra its lookup used
+        sums = QuantizedTable.row_sums64 if quant else row_sums64
+        before, after = (table.packed, packed) if quant else (table.weight, faulty)
+        sure = bool(sure_alarms(sums(before.cpu()), sums(after.cpu()), idx.cpu(), offsets.cpu(), mode, d,
+                                BYTE_BAG_EXTRA if quant else FP32_BAG_EXTRA).any())
     return {"op": op, "site": site, "bit_class": bit_class, "pattern": pattern, "seed": seed,
             "shape": [rows, d, bags], "dist": dist, "bits": bits, "index": index, "original": float(orig),
             "corrupted": float(new), "delta": delta, "tol": tol, "significant": bool(delta > tol),
-            "detected": bool(rep.alarm), "ratio": rep.max_ratio}
+            "detected": bool(rep.alarm), "ratio": rep.max_ratio, "sure": sure}
 
 
 def _checked_bag(call: Any, site: str, lookup: Callable[[], torch.Tensor]

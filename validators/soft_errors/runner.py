@@ -9,8 +9,9 @@ Groups (``groups(level)``):
 * ``abft_embedding_bag`` checked EmbeddingBag (fp32 sum/mean, 8-bit row-wise sum/mean): same;
 * ``false_positives``    clean checked operations (random shapes, scales, distributions, dtypes) and
                          protected workload forwards: alarms must be zero; rate with Wilson interval;
-* ``detection_campaign`` injected flips per op, site, bit class and pattern: detection rate of
-                         significant flips (Wilson interval, trials), benign flips counted apart;
+* ``detection_campaign`` injected flips per op, site, bit class and pattern: detection rate of the
+                         flips sure to alarm by the check's bound (else of significant flips; Wilson
+                         interval, trials), the significant flips' rate a measurement beside it;
 * ``pvf``                Parameter Vulnerability Factor per parameter group of DLRM, BERT, Llama (measurements:
                          status ``info``);
 * ``sdc_screen``         repeat-and-compare screening with fp64 goldens;

@@ -16,9 +16,10 @@ from ..stats import rate_verdict, trials_to_pass, wilson
 
 def rate_rows(res: Results, check: str, subject: str, dtype: str, metric: str, hits: int, n: int, *,
               target: float | None, higher_is_better: bool, detail: str, screen: bool = False,
-              bad: str = "misses") -> None:
+              bad: str = "misses", trials_metric: str = "trials") -> None:
     """Rows ``metric`` (its Wilson 95% interval in ``low`` and ``high``), ``metric_ci_low``,
-    ``metric_ci_high`` and ``trials`` for one rate of ``hits`` in ``n`` trials.
+    ``metric_ci_high`` and ``trials_metric`` (``trials``; a second rate of one subject names its own,
+    ``PREFIX_trials`` for a metric ``PREFIX_detection_rate``) for one rate of ``hits`` in ``n`` trials.
 
     A rate without a target is a measurement (``info``). One with a target is judged from its
     interval (:func:`mystique.binomial.rate_verdict`): ``pass``, ``fail``, or ``inconclusive`` with
@@ -43,7 +44,7 @@ def rate_rows(res: Results, check: str, subject: str, dtype: str, metric: str, h
             detail="Wilson 95% interval")
     res.add(check, subject, f"{metric}_ci_high", hi, status="info" if n else "skip", dtype=dtype,
             detail="Wilson 95% interval")
-    res.add(check, subject, "trials", n, status="info", dtype=dtype)
+    res.add(check, subject, trials_metric, n, status="info", dtype=dtype)
     if screen and n and target is not None:
         k = n - hits if higher_is_better else hits
         res.add(check, subject, bad, k, threshold=0, status="fail" if k else "pass", dtype=dtype,
