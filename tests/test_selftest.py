@@ -51,7 +51,7 @@ README_CLAIMS = {
     "stuck_lane": ["numerics.normwise_error", "numerics.componentwise_error", "numerics.model_",
                    "soft_errors.abft_gemm", "soft_errors.sdc_screen", "correctness.first_divergent_op"],
     "truncating_casts": ["numerics.conversion_round_nearest_even", "numerics.conversion_near_tie",
-                         "numerics.overflow_to_inf", "soft_errors.detection_campaign"],
+                         "numerics.overflow_to_inf"],
     "low_precision_accum": ["numerics.accumulator_precision", "numerics.normwise_error",
                             "numerics.componentwise_error", "soft_errors.sdc_screen"],
     "subnormal_flush": ["numerics.subnormals", "numerics.conversion_"],
