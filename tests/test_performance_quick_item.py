@@ -93,3 +93,21 @@ def test_quick_qualification_under_throttle_fails_on_mode_slowdown(tmp_path):
     df = pd.read_csv(out / "results.csv", keep_default_na=False)
     bad = df[(df["suite"] == "performance") & (df["status"] == "fail")]
     assert "mode_slowdown" in set(bad["check"]), df[df["suite"] == "performance"].to_string()
+
+
+def test_the_paired_rounds_run_their_whole_budget_so_stalls_can_accumulate(fake_step, monkeypatch):
+    """A straggler stalls about once a second of operator time: the mean's interval narrows only as stalls
+    accumulate, so the rounds never stop early on a narrow median interval."""
+    from test_replay_can_fail import scripted_rounds
+
+    seen = {}
+    rounds = scripted_rounds(1.0)
+
+    def spy(a, b, **kwargs):
+        seen.update(kwargs)
+        return rounds(a, b, **kwargs)
+
+    monkeypatch.setattr(paired, "paired_rounds", spy)
+    perf.run(make_target("cpu", "straggler"), level="quick", groups=["mode"])
+    assert seen["half_width"] == paired.RUN_WHOLE_BUDGET and seen["half_width"] < 1e-9
+    assert seen["time_cap_s"] == pytest.approx(float(perf.LEVELS["quick"]["mode_budget_s"]))

@@ -29,6 +29,9 @@ from mystique.timing import paired_rounds
 from ._ctx import PerformanceContext
 from .stats import BOOTSTRAP, bootstrap_sum_ratio, slowdown_verdict
 
+#: a half-width no interval reaches: the paired rounds stop at their time cap only
+RUN_WHOLE_BUDGET = 1e-12
+
 
 def run_paired(ctx: PerformanceContext, subject: str, executor: Any, seconds: float) -> None:
     target = ctx.target
@@ -44,7 +47,9 @@ def run_paired(ctx: PerformanceContext, subject: str, executor: Any, seconds: fl
             executor.run_iteration()
 
     ctx.progress.note(f"paired: {subject} with {target.inject or 'the mode'} vs without, {seconds:.0f} s")
-    p = paired_rounds(dut, reference, device=target.device, sync=target.synchronize, half_width=0.01,
+    # the rounds run the whole budget: occasional stalls move the mean, whose interval narrows only as
+    # stalls accumulate, so a median interval that is narrow early is no reason to stop (RUN_WHOLE_BUDGET)
+    p = paired_rounds(dut, reference, device=target.device, sync=target.synchronize, half_width=RUN_WHOLE_BUDGET,
                       time_cap_s=max(seconds, 1.0), min_rounds=12, warmup_cap_s=max(1.0, seconds / 4))
     lo, hi = p.interval
     how = (f"{p.rounds} ABBA rounds ({p.stop}) of the step on {target.label} vs {ref.label} under a pass-through "
