@@ -90,6 +90,6 @@ def test_a_cpu_replay_times_under_the_scope_and_restores_the_settings_after(trac
     monkeypatch.setattr(run_module, "_op_times", timed)
     code = main(["-q", "replay", str(trace_dir), "-o", str(tmp_path / "r"), "--timing", "recorded", "--iters", "2",
                  "--warmup", "1"])
-    assert code in (0, 1)
+    assert code in (0, 1, 4)  # ran (4: an undecided row); what is tested is below
     assert seen_while_timing == [STEADY]  # the op timing ran with the steady values set
     assert rec.calls[:3] == STEADY and dict(rec.calls[3:]) == DEFAULTS and len(rec.calls) == 6

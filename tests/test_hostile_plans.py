@@ -306,7 +306,7 @@ def test_a_step_named_by_a_plan_is_never_imported(tmp_path, cli_run, marker_modu
     monkeypatch.setattr("mystique.progress._ENABLED", True)  # an earlier -q in this process turned it off
     bench = _bench(tmp_path / "b", _benign_with_original(target))
     code, _, err = cli_run("replay", str(bench), "-o", str(tmp_path / "out"), "--iters", "1", "--warmup", "0")
-    assert code in (0, 1), err
+    assert code in (0, 1, 4), err  # ran, not refused
     assert not marker.exists() and target.split(":")[0] not in sys.modules
     why = json.loads((tmp_path / "out" / "summary.json").read_text())["timing"]["why_not_paired"]
     assert f"original step {target} named by the capture is not imported" in why

@@ -225,7 +225,7 @@ def test_cli_overhead_options_choose_the_sizes_and_tables_that_are_timed(tmp_pat
     df = read_csv(out / "results.csv")
     # which sizes and tables were timed, how often, and that each ratio got a verdict; the verdicts
     # themselves depend on this host's speed (3 reps): the overhead logic is tested on synthetic series
-    assert rc in (0, 1) and set(df.check) == {"overhead"}
+    assert rc in (0, 1, 4) and set(df.check) == {"overhead"}  # 4: only undecided ratios
     judged = df[df.metric == "abft_overhead"]
     assert len(judged) and set(judged.status) <= {"pass", "fail", "inconclusive", "info"}  # info: no target (GPU rows)
     assert (judged.threshold.notna() == (judged.status != "info")).all()
