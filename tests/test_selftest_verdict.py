@@ -71,6 +71,34 @@ def test_error_and_inconclusive_rows_under_a_fault_are_not_a_catch(tmp_path, mon
     assert not len(df[df["check"] == "failed_check"])  # nothing caught it: no catch in the matrix
 
 
+def test_an_undecided_fault_run_is_not_caught_and_an_undecided_healthy_run_is_not_clean(tmp_path, monkeypatch):
+    """Exit 4 (undecided: inconclusive rows, no fail) is a doubt: under a fault no catch, on the healthy device
+    a false failure per inconclusive row (the exit code adds none: the rows explain it)."""
+    undecided = (results.UNDECIDED, _rows("performance", ["pass", "inconclusive"]))
+    _inject(monkeypatch, {None: undecided, FAULT: undecided})
+    code, df = _selftest(tmp_path, validators=("performance",))
+    healthy, fault = _row(df, "healthy_false_failures"), _row(df, "fault_caught")
+    assert code == 1 and (healthy["status"], healthy["value"]) == ("fail", 1)
+    assert "1 undecided" in healthy["detail"] and "qualify exited" not in healthy["detail"]
+    assert (fault["status"], fault["value"]) == ("fail", 0)
+    assert "NOT caught (undecided (qualify exit 4" in fault["detail"]
+    assert st.fault_outcome(st.RunOutcome("h", None, undecided[1], 1.0, exit_code=4)).startswith("undecided")
+    bare = st.RunOutcome(st.HEALTHY, None, _rows("performance", ["pass"]), 1.0, exit_code=4, expected=("performance",))
+    assert st.healthy_problems(bare) == ["qualify exited 4 (undecided) with no inconclusive row to show for it"]
+
+
+@pytest.mark.parametrize("code, statuses, how", [
+    (0, ["pass"], "passed: the fault went unnoticed"),
+    (results.NOTHING_CHECKED, ["skip"], "nothing checked (qualify exit 3)"),
+    (1, ["pass", "error"], "failed with no fail row (errors prove nothing)"),
+    (1, ["fail"], "caught"),
+    (2, [], "qualify exited 2"),
+])
+def test_each_exit_code_of_a_fault_run_is_read_explicitly(code, statuses, how):
+    o = st.RunOutcome(FAULT, FAULT, _rows("numerics", statuses), 1.0, exit_code=code)
+    assert st.fault_outcome(o) == how
+
+
 def test_an_error_row_on_the_healthy_device_fails_it(tmp_path, monkeypatch):
     _inject(monkeypatch, {None: (1, _rows("numerics", ["pass", "error"])), FAULT: CAUGHT})
     code, df = _selftest(tmp_path)

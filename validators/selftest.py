@@ -198,23 +198,53 @@ def selftest(output: str | os.PathLike, *, device: str = "cpu", emulate: str | N
 
 
 def healthy_problems(o: RunOutcome) -> list[str]:
-    """What fails the healthy run beside its failed rows (each counts one false failure)."""
+    """What fails the healthy run beside its failed rows (each counts one false failure).
+
+    qualify's exit code, explicitly: 0 and 1 are verdicts its rows explain (1 with no failed row is a
+    problem of its own: a validator that failed to import or to collect); 4 (undecided) is a run whose
+    only bad rows are inconclusive, each already counted as a false failure (a healthy device must be
+    decided clean, and an undecided row is not clean), so it adds a problem only when no inconclusive
+    row explains it; 3 (nothing checked) is counted by "nothing was checked"; any other code (2: bad
+    input) is a problem of its own."""
     if o.error:
         return [f"the healthy qualification did not finish: {o.error}"]
     out = []
     c = results.counts(o.frame)
-    if o.exit_code == 1 and not c.failed:
+    undecided_rows = int((o.frame["status"] == "inconclusive").sum()) if len(o.frame) else 0
+    if o.exit_code == results.FAILED and not c.failed:
         out.append(f"qualify failed with no failed row to show for it (a validator that failed to import or to "
                    f"collect, or a group that returned no rows: see {HEALTHY}/pytest.log)")
-    elif o.exit_code not in (None, 0, 1):
-        out.append(f"qualify exited {o.exit_code}" + (" (nothing checked)" if o.exit_code == results.NOTHING_CHECKED
-                                                      else ""))
+    elif o.exit_code == results.UNDECIDED:
+        if not undecided_rows:
+            out.append(f"qualify exited {results.UNDECIDED} (undecided) with no inconclusive row to show for it")
+    elif o.exit_code == results.NOTHING_CHECKED:
+        out.append(f"qualify exited {results.NOTHING_CHECKED} (nothing checked)")
+    elif o.exit_code not in (None, 0, results.FAILED):
+        out.append(f"qualify exited {o.exit_code}")
     missing = o.missing_suites()
     if missing:
         out.append(f"no rows from suite{'s' if len(missing) > 1 else ''} {', '.join(missing)}")
     if not c.checks and o.exit_code != results.NOTHING_CHECKED:
         out.append("nothing was checked")
     return out
+
+
+def fault_outcome(o: RunOutcome) -> str:
+    """How a fault run ended, by qualify's exit code, for its row: only ``fail`` rows are a catch, so exit 1
+    with fail rows is the one catch; exit 4 (undecided: inconclusive rows, no fail) is a doubt, never a
+    catch; exit 0 (passed) and 3 (nothing checked) are misses; exit 1 with no fail row (error rows, a
+    collection failure) proves nothing; any other code is a run that did not judge."""
+    code = o.exit_code
+    fails = sum(o.caught_by().values())
+    if code == results.FAILED:
+        return "caught" if fails else "failed with no fail row (errors prove nothing)"
+    if code == results.UNDECIDED:
+        return "undecided (qualify exit 4: inconclusive rows only), not a catch"
+    if code == 0:
+        return "passed: the fault went unnoticed"
+    if code == results.NOTHING_CHECKED:
+        return "nothing checked (qualify exit 3)"
+    return "caught" if code is None and fails else f"qualify exited {code}"
 
 
 def _items(counted: dict[str, int]) -> str:
@@ -238,11 +268,12 @@ def _fault_row(res: results.Results, target: Any, o: RunOutcome, repro: str, tai
                 detail=f"the qualification under this fault did not finish: {o.error}; {repro} --inject {subject}")
         return
     caught = o.caught_by()
-    n = sum(caught.values())
+    how = fault_outcome(o)
+    n = sum(caught.values()) if how == "caught" else 0
     c = results.counts(o.frame)
-    doubts = c.failed - n  # error and inconclusive rows: reported, never a catch
+    doubts = c.failed - sum(caught.values())  # error and inconclusive rows: reported, never a catch
     res.add("fault_caught", subject, "catching_rows", n, threshold=1, status="pass" if n else "fail",
-            detail=(f"caught by {_items(caught)}" if n else f"NOT caught: {c.line}")
+            detail=(f"caught by {_items(caught)}" if n else f"NOT caught ({how}): {c.line}")
             + (f"; {doubts} error or inconclusive rows, not catches" if doubts else "")
             + f"; rows in {_folder(subject)}/results.csv; reproduce: mystique qualify --device {target.device}"
               f"{tail} --inject {subject} -o OUT")
