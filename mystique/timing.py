@@ -218,12 +218,16 @@ def paired_rounds(
     min_warmup: int = 0,
     progress: Callable[[str], None] | None = None,
     between: Callable[[], None] | None = None,
+    decide: Callable[[Paired, float], str | None] | None = None,
 ) -> Paired:
     """Alternate ``a`` and ``b`` (ABBA) after a warm-up until stable (at least ``min_warmup``
     rounds); add rounds (at least ``min_rounds``) until the 95% interval of the median ratio ``a/b``
     is within ``half_width`` (relative) or ``time_cap_s`` (measurement, after warm-up) is spent.
     ``sync`` waits for the device at step boundaries; ``between`` (if given) is called after every
-    warm-up and measured round, outside the timed calls (e.g. to watch the host and abort by raising)."""
+    warm-up and measured round, outside the timed calls (e.g. to watch the host and abort by raising).
+    ``decide(out, seconds)`` (if given) is asked after every measured round, with the seconds of
+    measurement so far; a string it returns stops the rounds with that reason (an adaptive stop:
+    :class:`mystique.stopping.Stopper`), before the half-width and cap rules are read."""
     if half_width <= 0 or time_cap_s <= 0:
         raise ValueError("half_width and time_cap_s must be positive")
     timer = _Timer(device, sync)
@@ -261,6 +265,10 @@ def paired_rounds(
             between()
         n = out.rounds
         now = time.perf_counter()
+        why = decide(out, now - t1) if decide is not None else None
+        if why:
+            out.stop = why
+            break
         if n >= min_rounds and out.half_width <= half_width:
             out.stop = "half-width"
             break
