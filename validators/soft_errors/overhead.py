@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from mystique.hostinfo import torch_threads
-from mystique.timing import median_interval
+from mystique.timing import LEVEL, median_interval
 
 from .abft import (
     CheckReport,
@@ -95,9 +95,9 @@ class Timings:
         """Median over rounds of ``checked_r / base_r``, minus one."""
         return statistics.median(self.ratios(checked, base)) - 1.0
 
-    def interval(self, checked: str, base: str) -> tuple[float, float]:
-        """95% interval of :meth:`overhead` (order statistics of the paired ratios)."""
-        lo, hi = median_interval(self.ratios(checked, base))
+    def interval(self, checked: str, base: str, level: float = LEVEL) -> tuple[float, float]:
+        """``level`` (95%) interval of :meth:`overhead` (order statistics of the paired ratios)."""
+        lo, hi = median_interval(self.ratios(checked, base), level)
         return lo - 1.0, hi - 1.0
 
 
@@ -109,11 +109,15 @@ def _clock(device: str, threads: int) -> tuple[Callable[[], float], str, float]:
 
 def time_interleaved(fns: dict[str, Callable[[], Any]], reps: int, *, device: str, threads: int,
                      sync: Callable[[], None], prepare: Callable[[int], None] | None = None,
-                     seed: int = 0, before_each: Callable[[str], None] | None = None) -> Timings:
+                     seed: int = 0, before_each: Callable[[str], None] | None = None,
+                     until: Callable[[Timings, float], Any] | None = None) -> Timings:
     """Time every function of ``fns`` once per round for ``reps`` rounds, in a seeded random order each round.
 
     ``prepare(r)`` runs untimed before round ``r`` (fresh inputs), ``before_each(name)`` untimed before each
-    call, the warm-up's too (fresh inputs per call). Returns the :class:`Timings`.
+    call, the warm-up's too (fresh inputs per call). ``until(timings, seconds)`` (if given) is asked after
+    every round with the timings so far and the wall seconds since the first round; a true answer stops
+    the rounds before ``reps`` (an adaptive stop: :class:`mystique.stopping.Stopper`). Returns the
+    :class:`Timings`.
     """
     rng = random.Random(seed)
     clock, name, resolution = _clock(device, threads)
@@ -123,6 +127,7 @@ def time_interleaved(fns: dict[str, Callable[[], Any]], reps: int, *, device: st
     # on CUDA: the device time between events on the current stream (the host's launch gaps included)
     events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) \
         if torch.device(device).type == "cuda" and torch.cuda.is_available() else None
+    label = "CUDA events" if events is not None else name
     if prepare is not None:
         prepare(-1)
     for k, f in fns.items():  # warm-up: caches, lazily built encodings, allocator
@@ -130,6 +135,7 @@ def time_interleaved(fns: dict[str, Callable[[], Any]], reps: int, *, device: st
             if before_each is not None:
                 before_each(k)
             f()
+    start = time.perf_counter()
     for r in range(reps):
         if prepare is not None:
             prepare(r)
@@ -148,7 +154,9 @@ def time_interleaved(fns: dict[str, Callable[[], Any]], reps: int, *, device: st
             sync()
             times[k].append(clock() - t0 if events is None else events[0].elapsed_time(events[1]) * 1e-3)
             wall[k].append(time.perf_counter() - w0)
-    return Timings(times, wall, reps, name if events is None else "CUDA events", resolution)
+        if until is not None and until(Timings(times, wall, r + 1, label, resolution), time.perf_counter() - start):
+            break
+    return Timings(times, wall, len(times[keys[0]]) if keys else 0, label, resolution)
 
 
 @contextlib.contextmanager

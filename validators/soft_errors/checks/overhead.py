@@ -1,7 +1,15 @@
 """Check group ``overhead``: checked / unchecked time - 1 of the product's checked paths (fp32 GEMM,
 Linear and protected Linear; EmbeddingBag fp32, 8-bit and protected), timed interleaved in a seeded
 random order each round (:mod:`..overhead`). Each shape gets an A/A row (the timing's resolution) and
-``abft_floor`` measurements (the bare memory traffic of a check, no verdict)."""
+``abft_floor`` measurements (the bare memory traffic of a check, no verdict).
+
+On the CPU a shape whose rows have a target runs until they decide (the adaptive stop of
+:mod:`mystique.stopping`, shared with the performance validator's paired rows): looks at ``reps``,
+``2 reps``, ``4 reps`` and ``8 reps`` rounds (the level's ``overhead_reps``, x10 for a table: the
+first look is the rounds a fixed run used to take) or at :data:`CAP_S` seconds of rounds, each look's
+intervals at 98.75% (Bonferroni over 4 looks: 95% overall); the rounds stop at the first look where
+every row with a target is decided, and a row still straddling its target at the last look is
+inconclusive. Only the repetitions change: every round times the same calls as before."""
 
 from __future__ import annotations
 
@@ -11,6 +19,7 @@ from typing import Any
 import torch
 
 from mystique.results import Results
+from mystique.stopping import Looks, Stopper
 
 from ...groups import GroupContext
 from ..overhead import (
@@ -31,28 +40,42 @@ from ..overhead import (
 )
 from ..overhead_device import GPU_SIZES, device_comparisons, device_linear_functions, linear_target
 
+#: the most seconds of rounds one shape's adaptive stop may take (the round cap is 8x the first look's rounds)
+CAP_S = 120.0
+
+
+def overhead_stopper(t: Any, comparisons: tuple, target: float, first: int) -> Stopper:
+    """The adaptive stop of ``comparisons`` (name, checked, base, ...) against ``target`` over the growing
+    timings ``t`` (their sample lists grow in place)."""
+    return Stopper(Looks(first=first, time_cap_s=CAP_S), {
+        name: ((lambda level, c=checked, b=base: t.interval(c, b, level)), target)
+        for name, checked, base, *_ in comparisons})
+
 
 def overhead_rows(res: Results, t: Any, suffix: str, comparisons: tuple, floors: tuple, target: float | None,
-                  common: str, note: str = "") -> None:
+                  common: str, note: str = "", stopper: Stopper | None = None) -> None:
     """The ``abft_overhead`` rows of ``comparisons`` (name, checked, base, dtype, what) against ``target``
     and the ``abft_floor`` measurements of ``floors`` (name, checked, base, what) from one timing.
 
-    A row with a target is decided by the 95% interval of its median overhead: pass when the interval
-    lies within the target, fail when it lies entirely above it, inconclusive when it straddles it
-    (the timing cannot tell); a row without a target is a measurement (``info``)."""
+    A row with a target is decided by the interval of its median overhead (95%; with ``stopper``, its last
+    look's, at the looks' level): pass when the interval lies within the target, fail when it lies
+    entirely above it, inconclusive when it straddles it (the timing cannot tell); a row without a
+    target is a measurement (``info``)."""
+    level = stopper.plan.look_level if stopper is not None and stopper.history else 0.95
+    how = f"; {stopper.describe()}" if stopper is not None and stopper.history else ""
     for name, checked, base, dt, what in comparisons:
         ov = t.overhead(checked, base)
-        lo, hi = t.interval(checked, base)
+        lo, hi = t.interval(checked, base, level)
         verdict = ""
         if target is None:
             status = "info"
         else:
             status = "pass" if hi <= target else ("fail" if lo > target else "inconclusive")
-            verdict = (f"; verdict from the 95% interval against {target:+.0%}: "
-                       + {"pass": "within", "fail": "entirely above", "inconclusive": "straddles it"}[status])
+            verdict = (f"; verdict from the {level:.2%} interval against {target:+.0%}: "
+                       + {"pass": "within", "fail": "entirely above", "inconclusive": "straddles it"}[status] + how)
         res.add("overhead", f"{name}_{suffix}", "abft_overhead", ov, threshold=target, unit="ratio", dtype=dt,
                 status=status, low=lo, high=hi,
-                detail=f"{what}: {ov:+.2%} (95% interval {lo:+.2%} .. {hi:+.2%}){verdict}; "
+                detail=f"{what}: {ov:+.2%} ({level:.2%} interval {lo:+.2%} .. {hi:+.2%}){verdict}; "
                        f"unchecked {t.median[base] * 1e3:.3f} ms, checked {t.median[checked] * 1e3:.3f}"
                        f" ms (wall {t.wall[base] * 1e3:.3f} / {t.wall[checked] * 1e3:.3f} ms); {common}{note}")
     for name, checked, base, what in floors:
@@ -107,11 +130,22 @@ def _timed_rows(ctx: GroupContext, suffix: str, threads: int, fns: dict[str, Cal
                 shape: str, rows: tuple[tuple, tuple], limit: float | None, note: str = "",
                 before_each: Callable[[str], None] | None = None) -> None:
     """Time ``fns`` interleaved on the device under test, then write the shape's A/A row (``pair``: the
-    same function timed twice) and its overhead rows against ``limit``."""
+    same function timed twice) and its overhead rows against ``limit``: with a limit, ``rounds`` is the
+    first look of the adaptive stop (see the module), without one the rounds are ``rounds``."""
     load0 = load_average()
+    held: list[Stopper] = []
+
+    def until(t: Any, seconds: float) -> str | None:
+        if not held:
+            held.append(overhead_stopper(t, rows[0], limit, rounds))
+        return held[0].after_round(t.reps, seconds)
+
+    # on the CPU (the rows this host must decide); an accelerator's rows keep their fixed rounds
+    adaptive = limit is not None and bool(rows[0]) and torch.device(ctx.target.device).type == "cpu"
     with torch.no_grad(), ctx.target.active():
-        t = time_interleaved(fns, rounds, device=ctx.target.device, threads=threads, sync=ctx.target.synchronize,
-                             seed=ctx.seed, before_each=before_each)
+        t = time_interleaved(fns, 8 * rounds if adaptive else rounds, device=ctx.target.device, threads=threads,
+                             sync=ctx.target.synchronize, seed=ctx.seed, before_each=before_each,
+                             until=until if adaptive else None)
     load1 = load_average()
     aa = t.overhead(*pair)
     alo, ahi = t.interval(*pair)
@@ -120,4 +154,4 @@ def _timed_rows(ctx: GroupContext, suffix: str, threads: int, fns: dict[str, Cal
               f"{load0:.2f} -> {load1:.2f}; clock resolution {t.resolution:.0e} s; {shape}")
     ctx.res.add("overhead", f"timing_resolution_{suffix}", "aa_relative_difference", aa, unit="ratio",
                 dtype="float32", status="info", detail=common)
-    overhead_rows(ctx.res, t, suffix, *rows, limit, common, note)
+    overhead_rows(ctx.res, t, suffix, *rows, limit, common, note, stopper=held[0] if held else None)
