@@ -461,7 +461,13 @@ def _tensor(value: Any, shape: Any, stride: Any, has_strides: bool, dtype: str, 
 def _check_extent(shape: tuple[int, ...], strides: tuple[int, ...] | None, offset: int, itemsize: int,
                   where: str, ctx: _Ctx) -> None:
     """Refuse a tensor whose elements or storage span overflow what any device addresses (1 EiB),
-    before a size computation in torch overflows 64 bits on it."""
+    before a size computation in torch overflows 64 bits on it. A single size or stride beyond 2^60
+    is refused even when another size is 0 (no elements): no device has such a dimension, and the
+    replay plan refuses it too (``plan_check``), so a trace that loads always generates a plan that
+    loads back."""
+    for what, dims in (("shape", shape), ("strides", strides or ())):
+        if any(d > MAX_TENSOR_BYTES for d in dims):
+            raise ctx.error(f"{where} has {what} {_short(list(dims))}: a size or stride beyond 2^60")
     numel = 1
     for d in shape:
         numel *= d
