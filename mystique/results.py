@@ -51,6 +51,7 @@ COLUMNS: tuple[str, ...] = (
 )
 SUITES: tuple[str, ...] = (
     "capture", "replay", "numerics", "soft_errors", "correctness", "onnx", "distributed", "performance", "selftest",
+    "predict",
 )
 # Columns added after the first release: a file that lacks them loads with them empty.
 OPTIONAL_COLUMNS: tuple[str, ...] = ("low", "high")

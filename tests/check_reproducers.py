@@ -26,6 +26,7 @@ DIST = "tests/test_distributed_merge.py"
 PERFT = "tests/test_performance.py"
 PERF = "tests/test_performance_can_fail.py"
 SELF = "tests/test_selftest_verdict.py"
+PRED = "tests/test_predict.py"
 
 REPRODUCERS: dict[tuple[str, str], tuple[str, ...]] = {
     # capture
@@ -43,6 +44,8 @@ REPRODUCERS: dict[tuple[str, str], tuple[str, ...]] = {
         "tests/test_replay_boundness.py::test_replay_says_what_bounds_the_step_and_which_time_it_judged",),
     ("replay", "dispatch_overhead_ratio"): (
         f"{RFAIL}::test_dispatch_overhead_ratio_fails_when_the_replay_takes_twice_the_eager_time",),
+    # predict
+    ("predict", "prediction_error"): (f"{PRED}::test_a_verified_prediction_is_judged_on_its_error_interval",),
     # numerics
     ("numerics", "conversion_exact"): (f"{NUM}::test_flushing_fp16_subnormals_fails_only_fp16",),
     ("numerics", "conversion_round_nearest_even"): (

@@ -34,6 +34,7 @@ SUITE_OF_PATH: tuple[tuple[str, str], ...] = (
     ("mystique/distributed/capture.py", "capture"),  # a rank's own results.csv
     ("mystique/distributed/", "distributed"),
     ("mystique/replay/", "replay"),
+    ("mystique/predict/", "predict"),
     ("validators/numerics/", "numerics"),
     ("validators/soft_errors/", "soft_errors"),
     ("validators/correctness/", "correctness"),

@@ -21,6 +21,7 @@ from . import (  # noqa: F401
     cmd_info,
     cmd_onnx,
     cmd_overhead,
+    cmd_predict,
     cmd_qualify,
     cmd_replay,
     cmd_report,

@@ -95,6 +95,11 @@ allow_ops = click.option(
     "outside the namespaces torch and the known workload libraries register (aten, prims, c10d, fbgemm, "
     "torchvision, ...) are skipped otherwise: a trace names the operators the replay calls.",
 )
+routing = click.option(
+    "--routing", default="recorded", show_default=True, metavar="recorded|uniform|skewed:ALPHA",
+    help="Tokens per expert of the grouped expert GEMMs (a mixture of experts): as the capture recorded them, "
+    "spread evenly, or Zipf-skewed (expert e's share proportional to (e+1)^-ALPHA); each layer keeps its total.",
+)
 
 
 class LazyChoice(click.Choice):
@@ -165,3 +170,33 @@ def workloads(help_text: str,
         "--workloads", "workloads", default=default, show_default=default is not None, metavar="LIST",
         cls=ListedOption, listing=workload_names, help=help_text,
     )
+
+
+# `mystique predict` (mystique.predict): what it predicts and how the prediction is checked
+predict_ops = click.option(
+    "--ops", "ops_csv", default=None, metavar="OPS_CSV",
+    help="A benchmark's replay ops.csv: the op times of the graph (default: the times the capture recorded).")
+predict_scale = click.option(
+    "--scale", default=None, metavar="CLASS=F,...",
+    help="Scale operator classes by factors: gemm, attention, memory, communication, host (e.g. gemm=0.5).")
+predict_profile = click.option(
+    "--profile", default=None, metavar="RESULTS_CSV",
+    help="The throughput of the machine the step was captured on: a `mystique validate performance` "
+    "results.csv (needed by --dtype and --target-profile).")
+predict_target_profile = click.option(
+    "--target-profile", default=None, metavar="RESULTS_CSV",
+    help="Predict the step on another device: its `mystique validate performance` results.csv.")
+predict_dtype = click.option(
+    "--dtype", default=None, type=click.Choice(DTYPES),
+    help="Predict the benchmark `generate --dtype` makes (floating tensors retargeted).")
+predict_batch_scale = click.option(
+    "--batch-scale", default=None, type=float, metavar="F",
+    help="Predict the benchmark `generate --batch-scale F` makes.")
+predict_verify = click.option(
+    "--verify", is_flag=True,
+    help="Check the prediction by running it here: the captured step, or the transformed benchmark against "
+    "the untransformed one in paired rounds; writes prediction_error = predicted / measured - 1.")
+predict_original = click.option(
+    "--original", default=None, metavar="MODULE:FUNCTION",
+    help="--verify of a user step's capture: the step factory to rebuild (a capture folder is data: what it "
+    "names is imported only when given here).")

@@ -1,0 +1,161 @@
+"""What an operator is, for the performance model: its class (GEMM, attention, memory-bound,
+communication; host time is the gaps between operators), its floating-point work and the bytes it
+touches, from the shapes and dtypes a plan records. No torch.
+
+Work (FLOPs, multiply-add = 2): ``mm``/``addmm`` ``2mkn``; ``bmm``/``baddbmm`` ``2bmkn``;
+``linear``/``matmul`` ``2 * (output elements) * k``; scaled dot-product attention forward ``4 B H L S D``
+(two GEMMs), its backward ``8 B H L S D``. Every other operator is counted by bytes alone (inputs read
+plus outputs written): the roofline of :mod:`.whatif` treats it as memory-bound.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from ..replay.runtime.schemas import COLLECTIVE_NAMES, COLLECTIVE_PREFIXES
+
+_GEMM = frozenset({
+    "mm", "addmm", "bmm", "baddbmm", "addbmm", "matmul", "linear", "_scaled_mm", "_addmm_activation", "einsum",
+    "convolution", "_convolution", "conv1d", "conv2d", "conv3d", "convolution_backward", "mkldnn_convolution",
+    "mkldnn_linear", "_int_mm", "addmv", "mv", "dot", "vdot", "tensordot", "linear_backward",
+})
+_ATTENTION_WORDS = ("attention", "flash", "sdpa", "_efficient_attn")
+_ITEMSIZE = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2, "int64": 8, "int32": 4, "int16": 2,
+             "int8": 1, "uint8": 1, "bool": 1, "complex64": 8, "complex128": 16, "float8_e4m3fn": 1,
+             "float8_e5m2": 1}
+FLOAT_DTYPES = ("float64", "float32", "bfloat16", "float16")
+
+
+def op_class(name: str) -> str:
+    """``gemm``, ``attention``, ``communication`` or ``memory`` for an operator name (``aten::mm``)."""
+    if name in COLLECTIVE_NAMES or name.startswith(COLLECTIVE_PREFIXES) or "nccl" in name.lower():
+        return "communication"
+    base = name.split("::", 1)[-1].split(".", 1)[0]
+    low = base.lower()
+    if any(w in low for w in _ATTENTION_WORDS):
+        return "attention"
+    if base in _GEMM:
+        return "gemm"
+    return "memory"
+
+
+def kernel_class(name: str) -> str:
+    """The class of a device kernel from its name (cuBLAS/CUTLASS GEMMs, flash attention, NCCL)."""
+    low = name.lower()
+    if "nccl" in low:
+        return "communication"
+    if any(w in low for w in ("flash", "fmha", "attention", "attn")):
+        return "attention"
+    if any(w in low for w in ("gemm", "sgemm", "hgemm", "cutlass", "cublas", "xmma", "matmul", "wgmma", "s16816",
+                               "s1688", "conv")):
+        return "gemm"
+    return "memory"
+
+
+@dataclass(frozen=True)
+class TensorShape:
+    shape: tuple[int, ...]
+    dtype: str
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * _ITEMSIZE.get(self.dtype, 4)
+
+
+@dataclass(frozen=True)
+class Work:
+    """An operator's work: FLOPs, bytes touched, the dtype of its first floating input ('' if none)."""
+
+    flops: float
+    bytes: float
+    dtype: str
+
+
+def _walk(value: Any, out: list[int]) -> None:
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, dict):
+            t = v.get("t")
+            if isinstance(t, int) and not isinstance(t, bool) and len(v) == 1:
+                out.append(t)
+        elif isinstance(v, list):
+            stack.extend(reversed(v))
+
+
+def tensor_ids(values: Iterable[Any]) -> list[int]:
+    out: list[int] = []
+    for v in values:
+        _walk(v, out)
+    return out
+
+
+def _shape(t: dict[str, Any]) -> TensorShape | None:
+    shape = t.get("shape")
+    if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0
+                                              for d in shape):
+        return None
+    return TensorShape(tuple(shape), str(t.get("dtype", "")))
+
+
+def op_tensors(op: dict[str, Any], tensors: dict[int, dict[str, Any]]) -> tuple[list[TensorShape], list[TensorShape]]:
+    """The input and output tensors of a plan op (shapes and dtypes), unknown ids left out."""
+    ins = [s for i in tensor_ids([op.get("args", []), list((op.get("kwargs") or {}).values())])
+           if (t := tensors.get(i)) is not None and (s := _shape(t)) is not None]
+    outs = [s for i in tensor_ids([op.get("outputs", [])])
+            if (t := tensors.get(i)) is not None and (s := _shape(t)) is not None]
+    return ins, outs
+
+
+def _gemm_flops(base: str, ins: list[TensorShape], outs: list[TensorShape]) -> float:
+    mats = [t for t in ins if len(t.shape) >= 1 and t.dtype in FLOAT_DTYPES + ("int8",)]
+    if base in ("addmm", "baddbmm", "addbmm", "_addmm_activation") and len(mats) >= 3:
+        mats = mats[1:]
+    if len(mats) < 2 or not outs:
+        return 0.0
+    a = mats[0]
+    if base in ("linear", "mkldnn_linear"):
+        k = a.shape[-1] if a.shape else 1
+    elif base in ("convolution", "_convolution", "conv1d", "conv2d", "conv3d", "mkldnn_convolution",
+                  "convolution_backward"):
+        w = mats[1]
+        k = math.prod(w.shape[1:]) if len(w.shape) > 1 else 1
+    else:
+        k = a.shape[-1] if a.shape else 1
+    return 2.0 * outs[0].numel * k
+
+
+def _attention_flops(base: str, ins: list[TensorShape]) -> float:
+    qkv = [t for t in ins if len(t.shape) == 4 and t.dtype in FLOAT_DTYPES]
+    if len(qkv) < 3:
+        return 0.0
+    q, k = qkv[0], qkv[1]
+    b, h, lq, d = q.shape
+    s = k.shape[2]
+    return (8.0 if "backward" in base else 4.0) * b * h * lq * s * d
+
+
+def op_work(op: dict[str, Any], tensors: dict[int, dict[str, Any]]) -> Work:
+    """FLOPs and bytes of a plan op (see the module docstring)."""
+    name = str(op.get("name", ""))
+    ins, outs = op_tensors(op, tensors)
+    nbytes = float(sum(t.nbytes for t in ins) + sum(t.nbytes for t in outs))
+    dtype = next((t.dtype for t in ins if t.dtype in FLOAT_DTYPES), "")
+    cls = op_class(name)
+    base = name.split("::", 1)[-1].split(".", 1)[0]
+    flops = 0.0
+    if cls == "gemm":
+        flops = _gemm_flops(base, ins, outs)
+    elif cls == "attention":
+        flops = _attention_flops(base.lower(), ins)
+    return Work(flops, nbytes, dtype)
+
+
+__all__ = ["FLOAT_DTYPES", "TensorShape", "Work", "kernel_class", "op_class", "op_tensors", "op_work", "tensor_ids"]
