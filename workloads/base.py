@@ -31,9 +31,11 @@ import torch
 
 MODES = ("train", "infer")
 #: the registry: workload name -> module of this package, in the order the suite runs them
-_MODULES = {"llama": "llama", "dlrm": "dlrm", "bert": "bert"}
-#: the reference workloads' names, in registry order (:func:`names` gives them sorted)
-WORKLOADS: tuple[str, ...] = tuple(_MODULES)
+_MODULES = {"llama": "llama", "dlrm": "dlrm", "bert": "bert", "llama4": "llama4"}
+#: the reference workloads the validators run by default, in registry order (:func:`names` gives every
+#: registered workload, sorted). ``llama4`` is registered (capture, replay, ``--workloads llama4``) but
+#: not yet a default: the validators' model checks do not yet judge routing flips (issue 34)
+WORKLOADS: tuple[str, ...] = ("llama", "dlrm", "bert")
 _FLOAT_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 
 
