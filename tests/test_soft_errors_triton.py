@@ -1,0 +1,304 @@
+"""The fused Triton checks (issue 32) held to the CPU path's properties.
+
+On this host the kernels run in Triton's interpreter (``TRITON_INTERPRET=1``, NumPy over CPU tensors):
+the same kernel source as on a GPU, so its tiling, masking, epilogue sums, verdict and fault injection are
+tested here; the interpreter's one difference is noted in :mod:`mystique.validators.soft_errors.triton_abft.
+linear` (its bf16 ``tl.dot`` is wrong, so bf16 tiles are multiplied as their exact fp32 upcasts there).
+The ``cuda``-marked tests run the same properties compiled, on a GPU. Properties:
+
+* clean calls never alarm, and their output is the product (the lookup) to within its rounding;
+* every significant flip alarms, at its row and column (GEMM: a bit of the fp32 accumulator flipped
+  inside the kernel; significant where the change exceeds twice both the row's and the column's exact
+  threshold, so that no rounding can hide it) and in every bag that reads a flipped table row
+  (:func:`..abft.bag_verdict.sure_alarms`), and only in bags that read it.
+
+Skipped, saying why, where Triton is not installed (the ``triton`` extra).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import struct
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from hyp import examples
+from hypothesis import given
+from hypothesis import strategies as st
+from mystique.validators.soft_errors import triton_abft
+
+pytestmark = pytest.mark.skipif(not triton_abft.available(), reason=triton_abft.why_not() or "")
+
+DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+@contextlib.contextmanager
+def interpreted():
+    """Triton's interpreter for the kernels launched inside (CPU tensors)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TRITON_INTERPRET", "1")
+        yield
+
+
+# --- GEMM / Linear ------------------------------------------------------------------------------------
+
+
+def _operands(m: int, k: int, n: int, dtype: torch.dtype, seed: int, device: str):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(m, k, generator=g).to(device=device, dtype=dtype)
+    w = (torch.randn(n, k, generator=g) / math.sqrt(k)).to(device=device, dtype=dtype)
+    b = torch.randn(n, generator=g).to(device=device, dtype=dtype)
+    return x, w, b
+
+
+def check_clean_linear(m: int, k: int, n: int, dtype: torch.dtype, bias: bool, seed: int, device: str) -> None:
+    from mystique.validators.soft_errors.abft.device_linear import encode_device_linear
+    from mystique.validators.soft_errors.triton_abft.linear import fused_linear, fused_mm
+
+    x, w, b = _operands(m, k, n, dtype, seed, device)
+    enc = encode_device_linear(w, b if bias else None)
+    y, chk = fused_linear(x, enc)
+    rep = chk.report()
+    assert not rep.alarm and rep.checked, rep.describe()
+    x64, w64 = x.double().cpu(), w.double().cpu()
+    ref = x64 @ w64.t() + (b.double().cpu() if bias else 0.0)
+    # accumulation (K + 1 terms, at most 2^-23 each) plus the output's rounding to its dtype
+    s = x64.abs() @ w64.abs().t() + (b.double().cpu().abs() if bias else 0.0)
+    u_out = {torch.float32: 2.0**-24, torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11}[dtype]
+    # (2 u_out: the interpreter rounds fp32 to a half dtype by truncation, the GPU to nearest)
+    tol = (k + 2) * 2.0**-23 * s + 2 * u_out * ref.abs() + 1e-30
+    if dtype == torch.float16:
+        tol = tol + 2.0**-25  # (fp16's subnormal spacing)
+    assert ((y.double().cpu() - ref).abs() <= tol).all()
+    c, chm = fused_mm(x, w.t().contiguous())
+    assert not chm.report().alarm
+    prod, s = x64 @ w64.t(), x64.abs() @ w64.abs().t()
+    assert ((c.double().cpu() - prod).abs() <= (k + 2) * 2.0**-23 * s + 2 * u_out * prod.abs() + 2.0**-25).all()
+
+
+def _thresholds(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, path, lam: float, extra: float):
+    """The exact row and column thresholds of the fused check (fp64 host arrays)."""
+    from mystique.validators.soft_errors.abft.encoding import col_checks, encode_rows, gemm_constants
+
+    x32, w32 = x.float().cpu(), w.t().float().cpu()
+    b32 = None if b is None else b.float().cpu()
+    m, n = x32.shape[0], w32.shape[1]
+    out = []
+    for rc, mm, nn in ((encode_rows(x32, w32, v=b32), m, n), (col_checks(x32, w32, b32), n, m)):
+        factor, det, tiny = gemm_constants(rc.k, mm, nn, path.u, lam, extra, torch.float32)
+        out.append(factor * rc.row_norms(np.arange(mm)) * rc.r_norm() + det * np.abs(rc.ref[0]) + tiny)
+    return out
+
+
+def _flipped(v: float, bit: int) -> float:
+    (i,) = struct.unpack("<I", struct.pack("<f", v))
+    return struct.unpack("<f", struct.pack("<I", i ^ (1 << bit)))[0]
+
+
+def check_flip_linear(m: int, k: int, n: int, dtype: torch.dtype, i: int, j: int, bit: int, seed: int,
+                      device: str) -> bool:
+    """A flip of one bit of the accumulator inside the kernel: significant ones alarm at (i, j) exactly.
+    Returns whether the flip was significant."""
+    from mystique.validators.soft_errors.abft.device_linear import encode_device_linear
+    from mystique.validators.soft_errors.triton_abft.linear import epilogue_u, fused_linear, fused_path, tiles
+
+    x, w, b = _operands(m, k, n, dtype, seed, device)
+    enc = encode_device_linear(w, b)
+    _, clean = fused_linear(x, enc)
+    y, chk = fused_linear(x, enc, flip=(i, j, (1 << bit) - (1 << 32 if bit == 31 else 0)))
+    rep = chk.report()
+    path = fused_path(dtype, x.is_cuda)
+    extra = path.extra(enc.k, 1.0) + epilogue_u(tiles(dtype, path.prec), m, n, path.u, 1.0)
+    thr_rows, thr_cols = _thresholds(x, w, b, path, 1.0, extra)
+    acc = (x.double().cpu() @ w.double().cpu().t() + b.double().cpu())[i, j].item()
+    acc = struct.unpack("<f", struct.pack("<f", acc))[0]
+    change = abs(_flipped(acc, bit) - acc)
+    # 4x: twice for the reference's and the product's rounding, twice for acc's estimate (halves: fp64 product)
+    significant = not math.isfinite(change) or (change > 4 * thr_rows[i] and change > 4 * thr_cols[j])
+    assert not clean.report().alarm
+    if significant:
+        assert rep.alarm and rep.rows == [i] and rep.cols == [j] and rep.location == (i, j), rep.describe()
+    else:
+        assert set(rep.rows) <= {i} and set(rep.cols) <= {j}, rep.describe()
+    return significant
+
+
+SIZES = st.integers(1, 72)
+
+
+@examples(8)
+@given(m=SIZES, k=SIZES, n=SIZES, dtype=st.sampled_from(DTYPES), bias=st.booleans(), seed=st.integers(0, 2**16))
+def test_clean_fused_linear_never_alarms_and_matches_the_product(m, k, n, dtype, bias, seed):
+    with interpreted():
+        check_clean_linear(m, k, n, dtype, bias, seed, "cpu")
+
+
+@examples(8)
+@given(m=st.integers(1, 48), k=st.integers(1, 48), n=st.integers(1, 48), dtype=st.sampled_from(DTYPES),
+       where=st.tuples(st.floats(0, 0.999), st.floats(0, 0.999)), bit=st.integers(20, 31), seed=st.integers(0, 2**16))
+def test_significant_accumulator_flips_alarm_at_their_row_and_column(m, k, n, dtype, where, bit, seed):
+    with interpreted():
+        check_flip_linear(m, k, n, dtype, int(where[0] * m), int(where[1] * n), bit, seed, "cpu")
+
+
+def test_flips_of_the_exponent_are_significant_and_located():
+    """A fixed case that must be significant (the property above may draw few): bit 30 of a non-zero value."""
+    with interpreted():
+        assert check_flip_linear(40, 33, 70, torch.float32, 17, 65, 30, 1, "cpu")
+        assert check_flip_linear(40, 33, 70, torch.bfloat16, 39, 0, 29, 2, "cpu")
+
+
+def test_a_flipped_weight_alarms_in_its_column():
+    """A weight changed after its checksums were cached: every row alarms (all read it). The column checks,
+    encoded from the operands as they are after the alarm, cannot place it (they read the changed weight)."""
+    with interpreted():
+        from mystique.validators.soft_errors.abft.device_linear import encode_device_linear
+        from mystique.validators.soft_errors.triton_abft.linear import fused_linear
+
+        x, w, b = _operands(24, 40, 36, torch.float32, 3, "cpu")
+        enc = encode_device_linear(w, b)
+        w[5, 7] = _flipped(float(w[5, 7]), 29)  # (enc holds w itself: the kernel reads the flipped weight)
+        rep = fused_linear(x, enc)[1].report()
+        assert rep.alarm and set(rep.cols) <= {5} and rep.rows == list(range(16))
+
+
+def test_the_triton_path_describes_its_bound():
+    from mystique.validators.soft_errors.triton_abft.linear import fused_path
+
+    assert "2^-23" in fused_path(torch.bfloat16, True).describe()
+    assert "u = 2^-24" in fused_path(torch.float32, False).describe()
+
+
+# --- EmbeddingBag --------------------------------------------------------------------------------------
+
+
+def _bags(g: torch.Generator, rows: int, lengths: list[int], device: str):
+    idx = torch.randint(0, rows, (sum(lengths),), generator=g).to(device)
+    off = torch.tensor([0, *np.cumsum(lengths)[:-1].tolist()], dtype=torch.int64).to(device)
+    return idx, off
+
+
+def _table(kind: str, rows: int, d: int, g: torch.Generator, device: str):
+    from mystique.validators.soft_errors.abft.bag_verdict import EmbeddingChecks
+    from mystique.validators.soft_errors.abft.quantized import QuantizedTable
+
+    src = torch.randn(rows, d, generator=g)
+    if kind == "uint8":
+        qt = QuantizedTable.from_float(src)
+        return QuantizedTable(qt.packed.to(device), EmbeddingChecks(qt.checks.rowsum.to(device),
+                                                                    qt.checks.absum.to(device)), d)
+    w = src.to(device=device, dtype=getattr(torch, kind))
+    return w, EmbeddingChecks.of(w)
+
+
+def _lookup(table, kind: str, idx, off, mode: str):
+    from mystique.validators.soft_errors.triton_abft.bag import fused_embedding_bag, fused_quantized_bag
+
+    if kind == "uint8":
+        return fused_quantized_bag(table, idx, off, mode)
+    return fused_embedding_bag(table[0], table[1], idx, off, mode)
+
+
+KINDS = ("float32", "bfloat16", "float16", "uint8")
+
+
+def check_clean_bag(kind: str, rows: int, d: int, lengths: list[int], mode: str, seed: int, device: str) -> None:
+    g = torch.Generator().manual_seed(seed)
+    table = _table(kind, rows, d, g, device)
+    idx, off = _bags(g, rows, lengths, device)
+    out, chk = _lookup(table, kind, idx, off, mode)
+    rep = chk.report()
+    assert not rep.alarm and rep.checked, rep.describe()
+    dense = (table.dequantize() if kind == "uint8" else table[0]).double().cpu()
+    ref = F.embedding_bag(idx.cpu(), dense, off.cpu(), mode=mode)
+    mag = F.embedding_bag(idx.cpu(), dense.abs(), off.cpu(), mode=mode)
+    u_out = {"bfloat16": 2.0**-8, "float16": 2.0**-11}.get(kind, 0.0)
+    tol = (max(lengths) + 8) * 2.0**-24 * mag + 2 * u_out * ref.abs() + (2.0**-24 if kind == "float16" else 0.0)
+    assert ((out.double().cpu() - ref).abs() <= tol + 1e-30).all()
+
+
+@examples(10)
+@given(kind=st.sampled_from(KINDS), rows=st.integers(1, 60), d=st.integers(1, 70),
+       lengths=st.lists(st.integers(0, 9), min_size=1, max_size=12), mode=st.sampled_from(("sum", "mean")),
+       seed=st.integers(0, 2**16))
+def test_clean_fused_bags_never_alarm_and_match_the_lookup(kind, rows, d, lengths, mode, seed):
+    with interpreted():
+        check_clean_bag(kind, rows, d, lengths, mode, seed, "cpu")
+
+
+def check_flip_bag(kind: str, rows: int, d: int, lengths: list[int], mode: str, row: int, byte: int, bit: int,
+                   seed: int, device: str) -> None:
+    """One bit of one table row flipped after its checksums: every bag the flip surely moves past its bound
+    alarms (:func:`sure_alarms`), and no bag that does not read the row."""
+    from mystique.validators.soft_errors.abft.bag_verdict import row_sums64, sure_alarms
+    from mystique.validators.soft_errors.abft.quantized import QuantizedTable
+
+    g = torch.Generator().manual_seed(seed)
+    table = _table(kind, rows, d, g, device)
+    idx, off = _bags(g, rows, lengths, device)
+    if kind == "uint8":
+        before = QuantizedTable.row_sums64(table.packed.cpu())
+        packed = table.packed.clone()
+        packed[row, byte % packed.shape[1]] ^= 1 << (bit % 8)
+        flipped = QuantizedTable(packed, table.checks, d)
+        after = QuantizedTable.row_sums64(packed.cpu())
+        extra = 6.0
+    else:
+        w = table[0]
+        before = row_sums64(w.cpu())
+        wf = w.clone()
+        raw = wf.view(torch.int16 if w.element_size() == 2 else torch.int32)
+        raw[row, byte % d] ^= 1 << (bit % (8 * w.element_size()))
+        flipped = (wf, table[1])
+        after = row_sums64(wf.cpu())
+        extra = 4.0
+    rep = _lookup(flipped, kind, idx, off, mode)[1].report()
+    sure = np.flatnonzero(sure_alarms(before, after, idx.cpu(), off.cpu(), mode, d, extra))
+    reads = {b for b in range(len(lengths)) if row in idx.cpu()[off[b]:off[b] + lengths[b]].tolist()}
+    assert set(sure.tolist()) <= set(rep.rows), (sure, rep.describe())
+    assert set(rep.rows) <= reads, rep.describe()
+
+
+@examples(10)
+@given(kind=st.sampled_from(KINDS), rows=st.integers(1, 20), d=st.integers(1, 40),
+       lengths=st.lists(st.integers(0, 8), min_size=1, max_size=10), mode=st.sampled_from(("sum", "mean")),
+       where=st.floats(0, 0.999), byte=st.integers(0, 100), bit=st.integers(0, 31), seed=st.integers(0, 2**16))
+def test_significant_table_flips_alarm_in_the_bags_that_read_them(kind, rows, d, lengths, mode, where,
+                                                                 byte, bit, seed):
+    with interpreted():
+        check_flip_bag(kind, rows, d, lengths, mode, int(where * rows), byte, bit, seed, "cpu")
+
+
+def test_an_index_out_of_range_alarms_rather_than_reading_past_the_table():
+    with interpreted():
+        g = torch.Generator().manual_seed(0)
+        w, checks = _table("float32", 10, 8, g, "cpu")
+        from mystique.validators.soft_errors.triton_abft.bag import fused_embedding_bag
+
+        rep = fused_embedding_bag(w, checks, torch.tensor([1, 2, 10, 3]), torch.tensor([0, 2]))[1].report()
+        assert rep.alarm and rep.rows == [1]
+
+
+# --- the same properties, compiled, on a GPU ------------------------------------------------------------
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_cuda_fused_linear_clean_and_flips(dtype):
+    for seed, (m, k, n) in enumerate(((300, 257, 129), (64, 1024, 512), (1, 64, 3))):
+        check_clean_linear(m, k, n, dtype, True, seed, "cuda")
+        for bit in (22, 26, 30):
+            check_flip_linear(m, k, n, dtype, m // 2, n // 3, bit, seed, "cuda")
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("kind", KINDS)
+def test_cuda_fused_bags_clean_and_flips(kind):
+    lengths = [40] * 64 + [0, 1, 7]
+    for mode in ("sum", "mean"):
+        check_clean_bag(kind, 1000, 128, lengths, mode, 0, "cuda")
+        for bit in (3, 20, 30):
+            check_flip_bag(kind, 50, 64, [5, 0, 9, 40], mode, 7, 3, bit, 1, "cuda")
