@@ -112,3 +112,27 @@ def test_equals_transformers_llama4():
     # Hugging Face rotates in float32 (view_as_complex of xq.float()) and takes the router's sigmoid in
     # float32 even in a float64 model, so the two agree to float32's rounding, not float64's
     torch.testing.assert_close(mine, theirs, rtol=1e-5, atol=1e-5 * max(theirs.abs().max().item(), 1.0))
+
+
+def test_param_count_matches_the_built_model():
+    for key, cfg in llama4.CONFIGS.items():
+        with torch.device("meta"):
+            model = llama4.Transformer(cfg)
+        assert llama4.param_count(cfg) == sum(p.numel() for p in model.parameters()), key
+
+
+def test_llama3_packed_documents_mask_within_documents():
+    from mystique.workloads import llama
+
+    cfg = llama.CONFIGS["small-packed"]
+    assert llama.CONFIGS["small"].docs.kind == "none"  # the default keeps plain causal attention
+    batch = llama.make_batch(cfg, device=CPU, seed=0)
+    assert batch["doc_ids"].shape == batch["tokens"].shape
+    model = llama.build_model(llama.CONFIGS["debug"], device=CPU, dtype=torch.float64, seed=0)
+    # a token's logits do not depend on earlier documents: change the first document's tokens
+    tokens = batch["tokens"][:1, :16] % 256
+    ids = torch.tensor([[0] * 5 + [1] * 11])
+    other = tokens.clone()
+    other[0, :5] = (other[0, :5] + 1) % 256
+    a, b = model(tokens, ids), model(other, ids)
+    assert torch.equal(a[0, 5:], b[0, 5:]) and not torch.equal(a[0, :5], b[0, :5])

@@ -44,7 +44,7 @@ def test_registry_lists_the_three_workloads_with_the_protocol() -> None:
     ("args", "kwargs", "known"),
     [
         (("gpt2",), {}, "bert, dlrm, llama"),
-        (("llama", "llama3-1b"), {}, "debug, small, llama3-8b"),
+        (("llama", "llama3-1b"), {}, "debug, small, small-packed, llama3-8b"),
         (("bert", "debug", "eval"), {}, "train, infer"),
         (("dlrm", "debug", "train"), {"dtype": torch.int64}, "float32"),
         (("dlrm", "debug", "train"), {"batch_size": 0}, "at least 1"),

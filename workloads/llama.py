@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .base import build_on_meta, cpu_generator, fill_, language_model_terms, upcast
+from .packing import DocLengths, doc_ids, document_mask
 
 NAME = "llama"
 DESCRIPTION = "Llama 3 decoder (RMSNorm, RoPE theta 500k, GQA via SDPA, SwiGLU); next-token loss, AdamW"
@@ -41,6 +42,7 @@ class LlamaConfig:
     max_seq_len: int = 8192  # length of the rotary table; a batch may be shorter
     seq_len: int = 8192  # default sequence length of a batch
     batch_size: int = 1  # default batch size
+    docs: DocLengths = DocLengths()  # packed documents (none: one sequence is one document, plain causal)
 
     def __post_init__(self) -> None:
         if self.dim % self.n_heads or self.n_heads % self.n_kv_heads or self.head_dim % 2:
@@ -67,6 +69,9 @@ CONFIGS: dict[str, LlamaConfig] = {
                          ffn_dim_multiplier=None, max_seq_len=64, seq_len=16, batch_size=2),
     "small": LlamaConfig(dim=256, n_layers=4, n_heads=8, n_kv_heads=2, vocab_size=4096, multiple_of=64,
                          ffn_dim_multiplier=None, max_seq_len=256, seq_len=128, batch_size=8),
+    "small-packed": LlamaConfig(dim=256, n_layers=4, n_heads=8, n_kv_heads=2, vocab_size=4096, multiple_of=64,
+                                ffn_dim_multiplier=None, max_seq_len=256, seq_len=128, batch_size=8,
+                                docs=DocLengths("longtail", min_len=8, alpha=1.2)),
     "llama3-8b": LlamaConfig(dim=4096, n_layers=32, n_heads=32, n_kv_heads=8, multiple_of=1024,
                              ffn_dim_multiplier=1.3),
     "llama3-70b": LlamaConfig(dim=8192, n_layers=80, n_heads=64, n_kv_heads=8, multiple_of=4096,
@@ -127,7 +132,7 @@ class Attention(nn.Module):
         self.wv = nn.Linear(cfg.dim, cfg.n_kv_heads * cfg.head_dim, bias=False)
         self.wo = nn.Linear(cfg.n_heads * cfg.head_dim, cfg.dim, bias=False)
 
-    def forward(self, x: Tensor, freqs_cis: Tensor) -> Tensor:
+    def forward(self, x: Tensor, freqs_cis: Tensor, mask: Tensor | None = None) -> Tensor:
         bsz, seqlen, _ = x.shape
         xq = self.wq(x).view(bsz, seqlen, self.n_heads, self.head_dim)  # (B, S, H, hd)
         xk = self.wk(x).view(bsz, seqlen, self.n_kv_heads, self.head_dim)  # (B, S, Hkv, hd)
@@ -138,7 +143,10 @@ class Attention(nn.Module):
         n_rep = self.n_heads // self.n_kv_heads
         k = k.repeat_interleave(n_rep, dim=1)  # (B, H, S, hd): query head h reads KV head h // n_rep
         v = v.repeat_interleave(n_rep, dim=1)  # (B, H, S, hd)
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, H, S, hd)
+        if mask is None:
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, H, S, hd)
+        else:  # packed documents: causal within each document
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         out = out.transpose(1, 2).contiguous().view(bsz, seqlen, -1)  # (B, S, H * hd)
         return self.wo(out)
 
@@ -163,8 +171,8 @@ class TransformerBlock(nn.Module):
         self.attention_norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.ffn_norm = RMSNorm(cfg.dim, cfg.norm_eps)
 
-    def forward(self, x: Tensor, freqs_cis: Tensor) -> Tensor:
-        h = x + self.attention(self.attention_norm(x), freqs_cis)
+    def forward(self, x: Tensor, freqs_cis: Tensor, mask: Tensor | None = None) -> Tensor:
+        h = x + self.attention(self.attention_norm(x), freqs_cis, mask)
         return h + self.feed_forward(self.ffn_norm(h))
 
 
@@ -183,12 +191,13 @@ class Transformer(nn.Module):
         self.register_buffer("freqs_cis", precompute_freqs_cis(cfg.max_seq_len, cfg.head_dim, cfg.rope_theta),
                              persistent=False)
 
-    def forward(self, tokens: Tensor) -> Tensor:
+    def forward(self, tokens: Tensor, doc_ids: Tensor | None = None) -> Tensor:
         seqlen = tokens.size(1)
         h = self.tok_embeddings(tokens)  # (B, S, dim)
         freqs_cis = self.freqs_cis[:seqlen]  # (S, hd/2, 2)
+        mask = document_mask(doc_ids, seqlen, None, h.device)  # None without packed documents
         for layer in self.layers:
-            h = layer(h, freqs_cis)
+            h = layer(h, freqs_cis, mask)
         return self.output(self.norm(h))  # (B, S, vocab)
 
     @torch.no_grad()
@@ -242,15 +251,21 @@ def build_model(cfg: LlamaConfig, *, device: torch.device, dtype: torch.dtype, s
 
 def make_batch(cfg: LlamaConfig, *, device: torch.device, seed: int,
                batch_size: int | None = None) -> dict[str, Tensor]:
-    """``tokens`` (B, S) and ``labels`` (B, S) int64: uniform random token ids, labels shifted by one."""
+    """``tokens`` (B, S) and ``labels`` (B, S) int64: uniform random token ids, labels shifted by one;
+    with packed documents (``cfg.docs``) also ``doc_ids`` (B, S) int64 (:mod:`.packing`)."""
     bsz = batch_size or cfg.batch_size
     g = cpu_generator(seed + 1)
     seq = torch.randint(0, cfg.vocab_size, (bsz, cfg.seq_len + 1), generator=g)  # (B, S + 1)
-    return {"tokens": seq[:, :-1].contiguous().to(device), "labels": seq[:, 1:].contiguous().to(device)}
+    batch = {"tokens": seq[:, :-1].contiguous().to(device), "labels": seq[:, 1:].contiguous().to(device)}
+    if cfg.docs.kind != "none":
+        batch["doc_ids"] = doc_ids(cfg.docs, bsz, cfg.seq_len, g).to(device)
+    return batch
 
 
 def forward(model: nn.Module, batch: dict[str, Tensor]) -> Tensor:
     """Logits (B, S, vocab) in the model's dtype."""
+    if "doc_ids" in batch:
+        return model(batch["tokens"], batch["doc_ids"])
     return model(batch["tokens"])
 
 

@@ -27,7 +27,7 @@ mean next-token cross entropy. Train with AdamW.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -72,7 +72,7 @@ class Llama4Config:
     max_seq_len: int = 8192
     seq_len: int = 8192
     batch_size: int = 1
-    docs: DocLengths = field(default_factory=DocLengths)
+    docs: DocLengths = DocLengths()
 
     def __post_init__(self) -> None:
         if self.dim % self.n_heads or self.n_heads % self.n_kv_heads or self.head_dim % 2:
