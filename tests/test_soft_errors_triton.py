@@ -302,3 +302,39 @@ def test_cuda_fused_bags_clean_and_flips(kind):
         check_clean_bag(kind, 1000, 128, lengths, mode, 0, "cuda")
         for bit in (3, 20, 30):
             check_flip_bag(kind, 50, 64, [5, 0, 9, 40], mode, 7, 3, bit, 1, "cuda")
+
+
+# --- protect() with the fused forwards (their CUDA dispatch pointed at the interpreter's CPU tensors) ----------
+
+
+def test_protect_runs_the_fused_forwards_and_defers_their_verdicts(monkeypatch):
+    import importlib
+
+    from mystique.validators.soft_errors.triton_abft import guard as fused_guard
+    from torch import nn
+
+    protect_mod = importlib.import_module("mystique.validators.soft_errors.protect")
+
+    monkeypatch.setattr(protect_mod, "fused_installable", lambda: True)
+    monkeypatch.setattr(fused_guard, "cuda_wanted", triton_abft.wanted)
+    torch.manual_seed(0)
+    model = nn.ModuleDict({"lin": nn.Linear(40, 24).to(torch.bfloat16),
+                           "bag": nn.EmbeddingBag(30, 16, mode="mean")})
+    x = torch.randn(20, 40).to(torch.bfloat16)
+    idx, off = torch.randint(0, 30, (25,)), torch.tensor([0, 4, 4, 20])
+    with interpreted(), torch.no_grad():
+        guard = protect_mod.protect(model)
+        y, out = model["lin"](x), model["bag"](idx, off)
+        assert len(guard.pending) == 2  # (deferred: no verdict read yet)
+        assert guard.checks == 2 and not guard.alarms
+        torch.testing.assert_close(y.float(), F.linear(x.float(), model["lin"].weight.float(),
+                                                       model["lin"].bias.float()), atol=0.05, rtol=0.02)
+        torch.testing.assert_close(out, F.embedding_bag(idx, model["bag"].weight, off, mode="mean"))
+        model["lin"].weight[3, 5] = 512.0  # in place: a new version, a new encoding; still clean
+        model["lin"](x)
+        assert not guard.alarms
+        w = model["bag"].weight
+        w.data.view(torch.int32)[idx[5], 2] ^= 1 << 29  # a soft error: bits changed behind the version counter
+        model["bag"](idx, off)
+        assert [a.module for a in guard.alarms] == ["bag"] and 2 in guard.alarms[0].report.rows
+        guard.remove()

@@ -27,7 +27,9 @@ On a CUDA device (and under ``--emulate cuda``) every check is made of device op
 (:mod:`.abft.device_linear`: the bound of the device's kernel, TF32 and cuBLAS's reduced-precision
 split-K reductions included where the user's flags allow them; :func:`.abft.bag_verdict.device_bag_output`)
 and its verdict stays on the device until the guard reads a batch of them back (:class:`Guard`). A
-protected module inside CUDA graph capture is refused with one line (:func:`refuse_capture`).
+protected module inside CUDA graph capture is refused with one line (:func:`refuse_capture`). Where Triton
+is importable on CUDA, Linear (bf16/fp16; fp32 with TF32) and EmbeddingBag forwards run the fused checked
+kernels instead, checksums inside the kernel (:mod:`.triton_abft.guard`; ``MYSTIQUE_TRITON=0`` turns them off).
 """
 
 from __future__ import annotations
@@ -72,6 +74,8 @@ from .abft.device_linear import (
     gemm_path,
 )
 from .abft.fused_lookup import fused_checked
+from .triton_abft import guard as fused_guard
+from .triton_abft.guard import installable as fused_installable
 
 
 @dataclass
@@ -450,6 +454,7 @@ def _embedding_hooks(guard: Guard, name: str, lam: float | None, bag: bool, exac
     :func:`.abft.verify_bag_output`. The ``forward`` may call the hook itself (:func:`_after_lookup`)."""
     cache, fused = _WeightCache(), _WeightCache()
     kind = "embedding_bag" if bag else "embedding"
+    device_fused = bag and not exact and fused_installable()
     state: dict[str, Any] = {}
 
     def checks_of(w: torch.Tensor) -> EmbeddingChecks:
@@ -457,6 +462,13 @@ def _embedding_hooks(guard: Guard, name: str, lam: float | None, bag: bool, exac
 
     def forward(mod: nn.Module, pf: _ProtectedForward, *args: Any, **kwargs: Any) -> Any:
         state.clear()
+        if device_fused:  # CUDA with Triton: lookup and check in one kernel, the verdict deferred (issue 32)
+            inputs = _call_args(args, kwargs, bag)
+            call = fused_guard.bag_call(mod, inputs, kwargs, checks_of, lam)
+            if call is not None:
+                state["device"] = (inputs[0], call[0], call[0]._version, call[1])
+                _after_lookup(guard, mod, hook, args, kwargs, call[0])
+                return call[0]
         lookup = functools.partial(pf.own(mod), *args, **kwargs)
         done = None if exact else _fast_fused(mod, args, kwargs, lam, fused, checks_of, lookup)
         if done is None and not exact:
@@ -474,6 +486,11 @@ def _embedding_hooks(guard: Guard, name: str, lam: float | None, bag: bool, exac
         return out
 
     def hook(mod: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: torch.Tensor) -> None:
+        dev = state.pop("device", None)
+        if dev is not None and (args[0] if args else _call_args(args, kwargs, bag)[0]) is dev[0] and \
+                output is dev[1] and output._version == dev[2]:
+            guard.defer(name, kind, dev[3])  # (else the output as it is now, below)
+            return
         prepared = state.pop("run", None)
         checked, call = state.pop("checked", None), None
         if checked is not None and (args[0] if args else _call_args(args, kwargs, bag)[0]) is checked[0]:
@@ -540,6 +557,8 @@ def protect(model: nn.Module, *, lam: float | None = None, linear: bool = True, 
             guard.handles.append(mod.register_forward_hook(hook))
             if accumulator and not exact_ratios:
                 guard.handles.append(_ForwardHandle(mod, _accumulator_forward(guard, name, lam, state)))
+            elif not exact_ratios and fused_installable():  # CUDA with Triton: the fused checked kernel (issue 32)
+                guard.handles.append(_ForwardHandle(mod, fused_guard.linear_forward(guard, name, lam, state)))
         elif embeddings and isinstance(mod, (nn.EmbeddingBag, nn.Embedding)):
             install = _embedding_hooks(guard, name, lam, isinstance(mod, nn.EmbeddingBag), exact_ratios)
             guard.handles.extend(install(mod))
