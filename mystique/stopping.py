@@ -125,11 +125,15 @@ class Stopper:
     with the rounds and seconds so far; it looks only at a checkpoint or at the time cap, and returns
     why to stop (``decided``, ``round cap``, ``time cap``) or None. :attr:`final` is the last look.
     ``stop_on_fail``: one ``fail`` decides too (the others may stay inconclusive): where any failed
-    statistic fails the whole item, the rest cannot change its verdict."""
+    statistic fails the whole item, the rest cannot change its verdict. ``late_pass``: statistics whose
+    ``pass`` does not stop the rounds (only a ``fail`` does, or the last look): a mean that rare events
+    move, whose interval cannot know of an event its rounds have not seen yet, so an early look's pass
+    may only mean none has happened so far (a fail has seen them: it stops)."""
 
     plan: Looks
     statistics: Mapping[str, tuple[Interval, float]]
     stop_on_fail: bool = False
+    late_pass: frozenset[str] = frozenset()
     history: list[Look] = field(default_factory=list)
     stop: str = ""
 
@@ -150,8 +154,11 @@ class Stopper:
         if not (at_checkpoint or at_cap):
             return None
         got = self.look(rounds, seconds)
-        if got.decided or (self.stop_on_fail and "fail" in got.verdicts.values()):
+        settled = all(v == "fail" or (v == "pass" and k not in self.late_pass) for k, v in got.verdicts.items())
+        if settled or (self.stop_on_fail and "fail" in got.verdicts.values()):
             self.stop = "decided"
+        elif got.decided:  # a late pass at the cap or the last checkpoint
+            self.stop = "decided" if rounds >= self.plan.max_rounds or at_cap else ""
         elif rounds >= self.plan.max_rounds:
             self.stop = "round cap"
         elif at_cap:

@@ -51,7 +51,8 @@ def test_qualification_runs_the_performance_mode_item_at_both_levels_and_validat
     assert "performance" in pytest_plugin.DEFAULT_VALIDATORS
     assert perf.qualification_groups("quick") == perf.qualification_groups("full") == ["mode"]
     assert perf.groups("quick") == ["micro", "sustained", "fleet"] and "mode" in perf.GROUPS
-    assert perf.LEVELS["quick"]["mode_budget_s"] <= 5.0  # a few seconds: quick qualification stays quick
+    # a few seconds: quick qualification stays quick (the cap: a clear case stops at a quarter of it)
+    assert perf.LEVELS["quick"]["mode_budget_s"] <= 6.0
 
 
 def test_a_healthy_devices_quick_item_skips_the_pair_and_measures_the_step(fake_step):
@@ -60,8 +61,8 @@ def test_a_healthy_devices_quick_item_skips_the_pair_and_measures_the_step(fake_
     assert skip["status"] == "skip" and "nothing injected" in skip["detail"]
     step = df[df["check"] == "mode_step_time"].iloc[0]
     assert step["status"] == "info" and step["value"] == pytest.approx(STEP_S * 1e3)
-    # a budget of 4 s, a quarter of it stepping at 0.1 s a step: 10 steps, at least the median's 6
-    assert "median of 10 steps" in step["detail"] and step["low"] <= step["value"] <= step["high"]
+    # a budget of 6 s, a quarter of it stepping at 0.1 s a step: 15 steps, at least the median's 6
+    assert "median of 15 steps" in step["detail"] and step["low"] <= step["value"] <= step["high"]
     assert set(df["status"]) == {"skip", "info"}  # the plugin reports the item skipped, never failed
 
 
@@ -96,19 +97,68 @@ def test_quick_qualification_under_throttle_fails_on_mode_slowdown(tmp_path):
     assert "mode_slowdown" in set(bad["check"]), df[df["suite"] == "performance"].to_string()
 
 
-def test_the_paired_rounds_run_their_whole_budget_so_stalls_can_accumulate(fake_step, monkeypatch):
-    """A straggler stalls about once a second of operator time: the mean's interval narrows only as stalls
-    accumulate, so the rounds never stop early on a narrow median interval."""
-    from test_replay_can_fail import scripted_rounds
+def _deciding_rounds(series, warmup_s: float = 0.05):
+    """A ``timing.paired_rounds`` that feeds rounds ``series(i) -> (a_ms, b_ms)`` to its ``decide`` hook (0.1 s
+    each on the hook's clock) until it says stop: the adaptive stop on a synthetic series."""
+    from mystique import timing
 
     seen = {}
-    rounds = scripted_rounds(1.0)
 
-    def spy(a, b, **kwargs):
-        seen.update(kwargs)
-        return rounds(a, b, **kwargs)
+    def paired_rounds(a, b, *, decide, time_cap_s, **kwargs):
+        seen.update(kwargs, time_cap_s=time_cap_s)
+        out = timing.Paired(warmup_rounds=2, warmup_s=warmup_s, warmup_settled=True)
+        for i in range(100_000):
+            x, y = series(i)
+            out.a_ms.append(x)
+            out.b_ms.append(y)
+            out.a_wall_ms.append(x)
+            out.b_wall_ms.append(y)
+            why = decide(out, 0.1 * (i + 1))
+            if why:
+                out.stop = why
+                break
+        out.seconds = warmup_s + 0.1 * out.rounds
+        return out
 
-    monkeypatch.setattr(paired, "paired_rounds", spy)
-    perf.run(make_target("cpu", "straggler"), level="quick", groups=["mode"])
-    assert seen["half_width"] == paired.RUN_WHOLE_BUDGET and seen["half_width"] < 1e-9
-    assert seen["time_cap_s"] == pytest.approx(float(perf.LEVELS["quick"]["mode_budget_s"]))
+    return paired_rounds, seen
+
+
+def _jitter(i: int) -> float:
+    return 1.0 + 0.01 * ((i * 7) % 5 - 2)
+
+
+def test_a_straggler_is_caught_at_the_first_look_and_a_clean_mode_passes_only_at_the_cap(fake_step, monkeypatch):
+    """Stalls every fifth round (ratio ~3 there): the summed-time ratio fails at the first look (12 rounds: the
+    warm-up's pace fits fewer in a quarter of the budget), where the median's interval still reaches a stalled
+    round (its 11th of 12); at the second look (24 rounds) the median passes. A mode that costs nothing passes
+    the median early but the mean only at the budget's end (a stall it has not seen yet could still come)."""
+    budget = float(perf.LEVELS["quick"]["mode_budget_s"])
+    rounds, seen = _deciding_rounds(lambda i: ((3.0 if i % 5 == 1 else 1.0) * _jitter(i), _jitter(i + 1)), 10.0)
+    monkeypatch.setattr(paired, "paired_rounds", rounds)
+    df = perf.run(make_target("cpu", "straggler"), level="quick", groups=["mode"])
+    v = dict(zip(df["check"], df["status"]))
+    assert v == {"mode_slowdown": "pass", "mode_mean_slowdown": "fail"}, df["detail"].tolist()
+    mean = df[df["check"] == "mode_mean_slowdown"].iloc[0]
+    assert "after 24 rounds" in mean["detail"] and "look 2 of at most 3" in mean["detail"]
+    assert "98.33% bootstrap interval" in mean["detail"] and mean["low"] > 1.05
+    assert seen["half_width"] == paired.RUN_WHOLE_BUDGET and seen["time_cap_s"] == pytest.approx(budget)
+
+    rounds, _ = _deciding_rounds(lambda i: (_jitter(i), _jitter(i + 1)), 10.0)
+    monkeypatch.setattr(paired, "paired_rounds", rounds)
+    df = perf.run(make_target("cpu", "straggler"), level="quick", groups=["mode"])
+    assert set(df["status"]) == {"pass"}
+    assert "after 48 rounds" in df.iloc[0]["detail"]  # the mean's pass waits for the last look
+
+
+def test_a_marginal_mode_runs_the_whole_budget_and_stays_undecided(fake_step, monkeypatch):
+    rounds, _ = _deciding_rounds(lambda i: (1.05 * _jitter(i), _jitter(i + 1)), 10.0)
+    monkeypatch.setattr(paired, "paired_rounds", rounds)
+    df = perf.run(make_target("cpu", "throttle"), level="quick", groups=["mode"])
+    assert set(df["status"]) == {"inconclusive"} and "after 48 rounds" in df.iloc[0]["detail"]
+    assert "the round cap, undecided" in df.iloc[0]["detail"]
+
+
+def test_the_first_look_is_fixed_by_the_warmups_pace():
+    assert paired.first_look(warmup_rounds=10, warmup_s=1.0, seconds=6.0) == 15  # 1.5 s at 0.1 s a round
+    assert paired.first_look(warmup_rounds=2, warmup_s=10.0, seconds=6.0) == paired.MIN_FIRST
+    assert paired.first_look(warmup_rounds=0, warmup_s=0.0, seconds=6.0) == paired.MIN_FIRST

@@ -153,6 +153,16 @@ def test_the_suites_each_run_must_produce(spec, validators, expected):
     assert st.expected_suites(spec, validators) == expected
 
 
+@pytest.mark.parametrize("spec, validators, keyword", [
+    ("wrong_gelu", None, "not pvf"),  # a numeric fault: pvf's trials are measurements, no catch
+    ("stuck_lane:lane=1", None, "not pvf"),
+    (None, None, None), ("throttle", None, None), ("mypkg.modes:slow", None, None),
+    ("wrong_gelu", ["soft_errors"], None),  # the caller's choice stands
+])
+def test_a_numeric_faults_run_leaves_out_the_groups_that_cannot_catch_it(spec, validators, keyword):
+    assert st.run_keyword(spec, validators) == keyword
+
+
 def test_each_run_qualifies_with_the_validators_its_fault_can_fail(tmp_path, monkeypatch):
     """A slowness fault's run is the performance item alone, a numeric fault's run leaves it out."""
     asked = {}

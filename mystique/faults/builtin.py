@@ -95,6 +95,6 @@ BUILTIN: tuple[FaultSpec, ...] = (
         imitates="a straggler: ECC page retirement, driver or firmware hiccups, host interrupts or a noisy "
                  "neighbour stalling one device of a synchronous job now and then",
         build=StragglerMode,
-        params={"every_s": 1.0, "stall_ms": 150.0, "seed": 0},
+        params={"every_s": 0.1, "stall_ms": 150.0, "seed": 0},
     ),
 )

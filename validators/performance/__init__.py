@@ -59,7 +59,7 @@ DEFAULT_GROUPS: tuple[str, ...] = ("micro", "sustained", "fleet")
 QUALIFICATION_GROUPS: tuple[str, ...] = ("mode",)
 _COMMON = {"min_reps": 7, "drift_tolerance": 0.10, "mode_margin": 0.05, "paired_share": 0.5, "warmup_steps": 3,
            "gemm_n_cpu": 1024, "gemm_n_cuda": 8192, "mem_bytes_cpu": 64 << 20, "mem_bytes_cuda": 1 << 30,
-           "transfer_bytes": 256 << 20, "mode_budget_s": 4.0}
+           "transfer_bytes": 256 << 20, "mode_budget_s": 6.0}
 LEVELS: dict[str, dict[str, Any]] = {
     "quick": {**_COMMON, "duration": 60.0, "config": "small", "mode": "infer", "micro_budget_s": 1.0},
     "full": {**_COMMON, "duration": 600.0, "config": "small", "mode": "train", "micro_budget_s": 5.0,

@@ -16,10 +16,12 @@ budget holds the most rounds) is built once and its step replayed by the executo
   therefore skipped ("only measurements"), never failed: its speed is judged against peers by the
   ``fleet`` group and over time by ``sustained``, which the quick item has no time for.
 
-The budget (4 s of paired rounds after at most 1 s of warm-up) is what the self-test's former 8 s
-performance step gave the paired rows (half of it); this item is now the self-test's only performance
-check (the slowness faults' runs are this item alone), meant to catch the built-in ``throttle`` (10%
-slower, twice the 5% margin) and ``straggler`` on a CPU; the whole item adds about 5-10 s to a
+The budget (``mode_budget_s``, 6 s) caps the paired rounds (after at most 1.5 s of warm-up); the
+rounds stop earlier when both rows are decided (the adaptive stop of :mod:`.paired`: looks at a
+quarter, half and all of the budget). This item is the self-test's only performance check (the
+slowness faults' runs are this item alone), meant to catch the built-in ``throttle`` and
+``straggler`` (whose stall rate is set so that this budget sees about 15 stalls:
+:class:`mystique.faults.slowness.StragglerMode`) on a CPU; the whole item adds about 3-8 s to a
 qualification.
 """
 

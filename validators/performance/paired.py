@@ -7,30 +7,65 @@ mode (an emulation stays) under :class:`mystique.faults.PassThroughMode`, a mode
 each operator, so that both sides pay the same Python dispatch cost and the ratio is what the
 injected mode does beyond dispatching.
 
-* ``mode_slowdown``: the median paired ratio with its distribution-free 95% interval: a device
+* ``mode_slowdown``: the median paired ratio with its distribution-free interval: a device
   that is slower on every step (throttled clocks).
-* ``mode_mean_slowdown``: the ratio of the summed step times with a 95% bootstrap interval over
+* ``mode_mean_slowdown``: the ratio of the summed step times with a bootstrap interval over
   rounds (2000 resamples, seeded): a device with occasional long stalls, which move the mean but
   not the median.
 
-Both fail when the interval lies wholly above ``1 + mode_margin`` and pass when it lies at or
-below it (inconclusive across). The margin (5%) is twice the half-width (2.5%) the paired
-method is run to, so an interval that reached its target can lie entirely on one side of it.
-Without an injected mode there is nothing to pair: no rows.
+Both are decided by an adaptive stop (:mod:`mystique.stopping`): the rounds are looked at only at
+four pre-declared checkpoints, ``first``, ``2 first``, ``4 first`` and ``8 first`` rounds (``first``:
+the rounds that fit in an eighth of the budget at the warm-up's pace, at least :data:`MIN_FIRST`)
+or the budget's end, each look with the intervals at 98.75% (Bonferroni over the 4 looks: 95%
+overall, a false failure at most 2.5% as with one fixed 95% interval); they stop at the first look
+where both rows are decided. A row fails when its interval lies wholly above ``1 + mode_margin``,
+passes when it lies at or below it, and stays inconclusive (undecided) when it still straddles it at
+the last look. A throttled or straggling device and a healthy one stop at the first look (an
+eighth of the budget); a marginal one runs the whole budget.
+
+A straggler's stalls move the mean only as they are seen: the bootstrap interval of rounds that
+hold no stall cannot know of one, so the first look must hold several stalls for the
+``mode_mean_slowdown`` row to be sound; the built-in ``straggler``'s rate is set for it
+(:mod:`mystique.faults.slowness`). Without an injected mode there is nothing to pair: no rows.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from mystique.faults import PassThroughMode
-from mystique.timing import paired_rounds
+from mystique.stopping import Looks, Stopper
+from mystique.timing import Paired, median_interval, paired_rounds
 
 from ._ctx import PerformanceContext
-from .stats import BOOTSTRAP, bootstrap_sum_ratio, slowdown_verdict
+from .stats import BOOTSTRAP, bootstrap_sum_ratio
 
-#: a half-width no interval reaches: the paired rounds stop at their time cap only
+#: a half-width no interval reaches: the paired rounds stop by the adaptive stop (or their time cap) only
 RUN_WHOLE_BUDGET = 1e-12
+#: the fewest rounds at the first look: the median's interval at 98.75% needs 8 (0.5^8 <= 0.00625), the
+#: bootstrap a few more to resample from
+MIN_FIRST = 12
+#: looks of the mode item: at a quarter, half and all of the budget (98.33% intervals)
+MODE_LOOKS = 3
+
+
+def first_look(warmup_rounds: int, warmup_s: float, seconds: float, looks: int = MODE_LOOKS) -> int:
+    """The rounds of the first look: those that fit in ``seconds / 2^(looks-1)`` at the warm-up's pace
+    (its rounds ran both sides, as a measured round does), at least :data:`MIN_FIRST`. It is fixed
+    from the warm-up alone, before any measured round, so the looks are pre-declared."""
+    per_round = warmup_s / warmup_rounds if warmup_rounds > 0 and warmup_s > 0 else math.inf
+    fit = seconds / 2 ** (looks - 1) / per_round if math.isfinite(per_round) else 0.0
+    return max(MIN_FIRST, int(fit))
+
+
+def mode_stopper(p: Paired, seconds: float, limit: float, seed: int) -> Stopper:
+    """The adaptive stop of both rows over the growing rounds ``p``."""
+    looks = Looks(first=first_look(p.warmup_rounds, p.warmup_s, seconds), time_cap_s=seconds, looks=MODE_LOOKS)
+    return Stopper(looks, {
+        "mode_slowdown": (lambda level: median_interval(p.ratios, level), limit),
+        "mode_mean_slowdown": (lambda level: bootstrap_sum_ratio(p.a_ms, p.b_ms, seed, level), limit),
+    }, late_pass=frozenset({"mode_mean_slowdown"}))
 
 
 def run_paired(ctx: PerformanceContext, subject: str, executor: Any, seconds: float) -> None:
@@ -46,22 +81,38 @@ def run_paired(ctx: PerformanceContext, subject: str, executor: Any, seconds: fl
         with ref.active(), PassThroughMode():
             executor.run_iteration()
 
-    ctx.progress.note(f"paired: {subject} with {target.inject or 'the mode'} vs without, {seconds:.0f} s")
-    # the rounds run the whole budget: occasional stalls move the mean, whose interval narrows only as
-    # stalls accumulate, so a median interval that is narrow early is no reason to stop (RUN_WHOLE_BUDGET)
+    ctx.progress.note(f"paired: {subject} with {target.inject or 'the mode'} vs without, at most {seconds:.0f} s")
+    limit = 1.0 + margin
+    held: list[Stopper] = []
+
+    def decide(p: Paired, elapsed: float) -> str | None:
+        if not held:
+            held.append(mode_stopper(p, seconds, limit, ctx.seed))
+        return held[0].after_round(p.rounds, elapsed)
+
     p = paired_rounds(dut, reference, device=target.device, sync=target.synchronize, half_width=RUN_WHOLE_BUDGET,
-                      time_cap_s=max(seconds, 1.0), min_rounds=12, warmup_cap_s=max(1.0, seconds / 4))
-    lo, hi = p.interval
-    how = (f"{p.rounds} ABBA rounds ({p.stop}) of the step on {target.label} vs {ref.label} under a pass-through "
-           f"mode; warm-up {p.warmup_rounds} rounds" + ("" if p.warmup_settled else " (not settled)"))
-    ctx.res.add("mode_slowdown", subject, "paired_ratio", p.ratio, threshold=1.0 + margin, low=lo, high=hi,
-                status=slowdown_verdict(lo, hi, 1.0 + margin), dtype="float32",
-                detail=f"median paired ratio {p.ratio:.4f}, 95% interval [{lo:.4f}, {hi:.4f}]; {how}; fails above "
+                      time_cap_s=max(seconds, 1.0), min_rounds=MIN_FIRST, warmup_cap_s=max(1.0, seconds / 4),
+                      decide=decide)
+    if not held:
+        held.append(mode_stopper(p, seconds, limit, ctx.seed))
+    stopper = held[0]
+    if not stopper.stop:  # the rounds ended by their own cap: the last look is there
+        stopper.look(p.rounds, p.seconds - p.warmup_s)
+        stopper.stop = p.stop or "time cap"
+    final = stopper.final
+    pct = f"{stopper.plan.look_level:.2%}"
+    how = (f"{p.rounds} ABBA rounds of the step on {target.label} vs {ref.label} under a pass-through mode; "
+           f"warm-up {p.warmup_rounds} rounds" + ("" if p.warmup_settled else " (not settled)")
+           + f"; {stopper.describe()}")
+    lo, hi = final.intervals["mode_slowdown"]
+    ctx.res.add("mode_slowdown", subject, "paired_ratio", p.ratio, threshold=limit, low=lo, high=hi,
+                status=final.verdicts["mode_slowdown"], dtype="float32",
+                detail=f"median paired ratio {p.ratio:.4f}, {pct} interval [{lo:.4f}, {hi:.4f}]; {how}; fails above "
                        f"1+{margin:g} with confidence")
     total = sum(p.a_ms) / sum(p.b_ms) if p.b_ms and sum(p.b_ms) > 0 else float("nan")
-    blo, bhi = bootstrap_sum_ratio(p.a_ms, p.b_ms, ctx.seed)
-    ctx.res.add("mode_mean_slowdown", subject, "time_ratio", total, threshold=1.0 + margin, low=blo, high=bhi,
-                status=slowdown_verdict(blo, bhi, 1.0 + margin), dtype="float32",
-                detail=f"summed step time ratio {total:.4f}, 95% bootstrap interval [{blo:.4f}, {bhi:.4f}] "
+    blo, bhi = final.intervals["mode_mean_slowdown"]
+    ctx.res.add("mode_mean_slowdown", subject, "time_ratio", total, threshold=limit, low=blo, high=bhi,
+                status=final.verdicts["mode_mean_slowdown"], dtype="float32",
+                detail=f"summed step time ratio {total:.4f}, {pct} bootstrap interval [{blo:.4f}, {bhi:.4f}] "
                        f"({BOOTSTRAP} resamples of rounds, seed {ctx.seed}); {how}; fails above 1+{margin:g} with "
                        "confidence (occasional stalls move the mean, not the median)")
