@@ -26,6 +26,7 @@ import math
 import os
 import platform
 import re
+import shutil
 import socket
 import statistics
 import sys
@@ -45,6 +46,7 @@ from .progress import Progress
 from .refs import import_callable
 from .results import Results, RunContext, utc_now, write_csv
 from .targets import Target, check_device
+from .trace.values import VALUE_OPS, VALUES_FILE, collect, resource_dir
 
 TRACE_FILE = "trace.json.gz"
 KINETO_FILE = "kineto.json.gz"
@@ -93,6 +95,8 @@ def workload_step(target: str, *, config: str, mode: str, device: str, dtype: st
         "config_values": asdict(cfg) if is_dataclass(cfg) else repr(cfg),
         "mode": mode,
         "batch": {k: list(v.shape) for k, v in step.batch.items()},
+        # what the workload says of the model it built (llama4: the expert GEMM path that ran)
+        **({"model": workloads.get(target).describe(step.model)} if hasattr(workloads.get(target), "describe") else {}),
     }
 
 
@@ -229,11 +233,20 @@ def record_step(step: Callable[[], Any], target: Target, trace_path: Path, kinet
         prof.export_chrome_trace(str(kineto_path))
         exported.append(True)
 
+    os.environ["ENABLE_PYTORCH_EXECUTION_TRACE_SAVE_INTEGRAL_TENSOR_DATA"] = ",".join(VALUE_OPS)
     et = ExecutionTraceObserver()
-    et.register_callback(str(trace_path))
+    # recorded uncompressed, then gzipped here: the observer writes the integral inputs of VALUE_OPS
+    # into a resource folder named after the file it records to (values.collect reads them)
+    raw_path = trace_path.with_name(trace_path.name.removesuffix(".gz"))
+    et.register_callback(str(raw_path))
+    et.set_extra_resource_collection(True)
     # the observer prints where it compresses to: keep stdout for the command's own output
     with contextlib.redirect_stdout(sys.stderr):
         _profile_two_steps(step, target, et, activities, on_ready)
+    if raw_path != trace_path and raw_path.exists():
+        with open(raw_path, "rb") as src, gzip.open(trace_path, "wb") as dst:
+            shutil.copyfileobj(src, dst)
+        raw_path.unlink()
     if not exported or not trace_path.exists():
         raise RuntimeError("the profiler recorded no step")
     if pacing_path is not None:
@@ -328,6 +341,7 @@ def capture(target_name: str, out_dir: str | os.PathLike, *, force: bool = False
     ctx = RunContext(device=o.device, device_name=info.name, torch_version=torch.__version__)
     with staged_output_dir(out_dir, force) as stage:
         record_step(step, target, stage / TRACE_FILE, stage / KINETO_FILE, stage / PACING_FILE)
+        collect(stage / TRACE_FILE, resource_dir(stage / TRACE_FILE), stage / VALUES_FILE)  # recorded routing and document ids, where any
         counts = trace_counts(stage / TRACE_FILE)
         meta = capture_meta(target_name, described, o.device, info.name, o.dtype, o.seed, timing, counts)
         atomic_write_text(stage / CAPTURE_FILE, json.dumps(meta, indent=2, default=str) + "\n")

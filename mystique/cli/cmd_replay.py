@@ -121,14 +121,15 @@ def ratio_words(summary: dict) -> str:
 @click.option("--iteration", default=None, type=int, metavar="K", help="Profiler step to take (default: last complete).")
 @options.force
 @options.allow_ops
+@options.routing
 def generate_cmd(trace, output, device, dtype, formats, batch_scale, keep, drop, obfuscate, iteration, force,
-                 allow_ops) -> int:
+                 allow_ops, routing) -> int:
     """Generate a benchmark folder (benchmark.json, benchmark.py) from TRACE (trace dir or ET file)."""
     from ..replay.generate import generate
 
     plan = generate(trace, output, device=device, dtype=dtype, formats=formats, batch_scale=batch_scale,
                     keep=keep, drop=drop, obfuscate_names=obfuscate, iteration=iteration, force=force,
-                    allow_ops=allow_ops)
+                    allow_ops=allow_ops, routing=routing)
     skipped = sum(s["count"] for s in plan.metadata.get("skipped", {}).values())
     click.echo(f"{len(plan.ops)} ops ({skipped} will be skipped) written to {output}")
     return 0

@@ -27,6 +27,7 @@ from ..errors import UsageError
 from ..io import atomic_write_text, check_output_dir, staged_output_dir
 from ..progress import Progress
 from ..targets import parse_device
+from .pins import parse_routing, transform_routing
 from .plan import Plan, normalise, plan_from_path
 from .recipes import EMBEDDING_BAG_OPS, DataRecipes, named_args, offsets_segment
 
@@ -434,13 +435,21 @@ def generate(
     iteration: int | None = None,
     force: bool = False,
     allow_ops: Sequence[str] = (),
+    routing: str = "recorded",
 ) -> Plan:
     """Generate a benchmark folder from a trace (dir or ET file); returns the written plan.
+
+    ``routing``: the tokens per expert of the pinned grouped GEMMs (:func:`.pins.transform_routing`:
+    ``recorded``, ``uniform``, ``skewed:ALPHA``); a trace without them refuses any but ``recorded``.
 
     ``allow_ops``: fnmatch patterns (``ns::name``) of operators outside
     ``runtime.ALLOWED_OP_NAMESPACES`` to keep (else skipped in the plan); whoever replays the
     benchmark passes them again (``benchmark.py --allow-ops``, ``mystique replay --allow-ops``)."""
     fmts = parse_formats(formats)
+    try:
+        parse_routing(routing)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from exc
     if "onnx" in fmts:
         onnx_export.require()  # exit 3 naming the missing package, before any work
     _compile(keep, "--keep")
@@ -459,6 +468,12 @@ def generate(
         plan = rescale_batch(plan, batch_scale, allow_ops)
     if dtype:
         plan = retarget_dtype(plan, dtype)
+    if routing != "recorded":
+        if not transform_routing(plan, routing):
+            raise UsageError(f"--routing {routing}: {_line(trace)} records no routing (no grouped GEMM with "
+                             "recorded group offsets; capture it again with this version)")
+        plan.metadata["transforms"].append({"routing": plan.metadata["routing"]})
+        prog.note(f"routing: {plan.metadata['routing']}")
     plan.metadata["default_device"] = device
     if obfuscate_names:
         plan = obfuscate(plan)

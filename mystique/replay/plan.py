@@ -40,8 +40,10 @@ from ..trace.kineto import read_kineto
 from ..trace.loader import load_trace
 from ..trace.model import Node, Trace
 from ..trace.pacing import pacing_spans
+from ..trace.values import read_values
 from .builder import PlanBuilder, finite, original_device
 from .capture_info import capture_original_step, capture_step_ms, capture_subject, find_kineto, read_capture
+from .pins import is_routing, pin_values
 from .plan_check import plan_problem
 from .runtime.format import PLAN_FORMAT, PLAN_VERSION, ReplayError, load_plan, op_input_ids, op_output_ids
 from .runtime.schemas import plan_refusal
@@ -116,6 +118,7 @@ def build_plan(
     kineto_times: Any = None,
     allow_ops: Sequence[str] = (),
     gaps: tuple[dict[int, tuple[float, float]] | None, str] | None = None,
+    values: dict[int, dict[int, dict[str, Any]]] | None = None,
 ) -> Plan:
     """The replay plan of one iteration of ``trace``.
 
@@ -130,6 +133,8 @@ def build_plan(
     any other such op is skipped with the reason (``--allow-ops``). ``gaps``: ``(spans, source)``
     from :func:`mystique.trace.pacing.pacing_spans`: rf_id -> host span behind each op's ``gap_us``
     (None: the spans of ``kineto_times``), and where they came from (metadata ``gap_source``).
+    ``values``: the capture's recorded integral inputs (:func:`mystique.trace.values.read_values`),
+    pinned into the ops that read them (:mod:`.pins`).
     """
     it = None
     if nodes is None:
@@ -143,6 +148,7 @@ def build_plan(
     ops = [b.build_op(i, n, kineto) for i, n in enumerate(nodes)]
     _device_times(trace, ops, nodes, kineto_times)
     b.data.apply(ops)
+    pins = pin_values(ops, b.tensors, b.storages, values or {})
     for op in ops:
         op.pop("_schema", None)
     known = [op["orig_us"] for op in ops if op["orig_us"] is not None]
@@ -165,6 +171,8 @@ def build_plan(
         "original_device_op_times": any(op.get("orig_device_us") for op in ops),
         "gap_source": gap_source or None,  # where the ops' gap_us came from (pacing)
         "transforms": [],
+        "pins": pins,  # recorded values the replay gives ops instead of computed ones (pins.py)
+        "routing": "recorded" if any(is_routing(p) for p in pins) else None,
     }
     data = {"format": PLAN_FORMAT, "version": PLAN_VERSION, "metadata": meta, "storages": b.storages,
             "tensors": b.tensors, "inputs": [], "ops": ops}
@@ -277,7 +285,7 @@ def plan_from_path(path: str | os.PathLike, iteration: int | None = None,
             kineto = None
     gaps = pacing_spans(p, kineto) if kineto is not None else None
     plan = build_plan(trace, iteration, kineto_times=kineto, capture=read_capture(p), allow_ops=allow_ops,
-                      gaps=gaps)
+                      gaps=gaps, values=read_values(p))
     return plan, "trace"
 
 

@@ -115,6 +115,9 @@ def _recipe_ok(recipe: Any) -> bool:
                                                                     for x in seg[:3])
                     and all(isinstance(x, (int, float)) and math.isfinite(x) for x in seg[3:]) for seg in v)):
                 return False
+        elif k == "values" and not (isinstance(v, list) and all(
+                isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in v)):
+            return False
         elif k in ("low", "high", "total", "std", "zipf") and not (
                 isinstance(v, (int, float)) and math.isfinite(v)):
             return False

@@ -13,6 +13,7 @@ from ..io import csv_text
 from ..timing import Paired
 from .boundness import BASIS_TEXT, Bound, basis_paired
 from .fidelity import comparable, lacks, original_op_us, original_step, ratio_verdict, recorded_original
+from .pins import routing_summary
 from .plan import Plan
 from .runtime import Executor
 
@@ -25,7 +26,7 @@ DESIGN_SUMMARY_KEYS = ("ops_total", "ops_replayed", "ops_skipped", "coverage", "
 SUMMARY_KEYS = DESIGN_SUMMARY_KEYS + (
     "ratio_kind", "ratio_low", "ratio_high", "half_width", "verdict", "original_step_source",
     "recorded_original_step_ms", "recorded_ratio", "cross_device", "timing", "op_error", "lacks",
-    "device_busy", "original_device_busy", "bound_by")
+    "device_busy", "original_device_busy", "bound_by", "routing")
 
 
 def _input_meta(plan: Plan, op: dict[str, Any]) -> tuple[str, str]:
@@ -139,6 +140,7 @@ def summarize(plan: Plan, e: Executor, step_times_s: list[float], device: str, *
         "device_busy": _f(bound.replay_busy) if bound else None,
         "original_device_busy": _f(bound.original_busy) if bound else None,
         "bound_by": bound.bound_by if bound else (None if _kind(device) != "cpu" else "host"),
+        "routing": routing_summary(plan, e),  # recorded vs replayed tokens per expert (pins.py); null: none
     }
 
 

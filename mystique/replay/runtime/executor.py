@@ -164,6 +164,12 @@ class Executor(PlanInterpreter):
             self._fallbacks += 1  # counted once, in the probe iteration
         return self.synth(tid)
 
+    def pinned_values(self, tid: int) -> list[int] | None:
+        """The values external tensor ``tid`` holds now (a pinned input: what its ops were given);
+        None when it is not one of this executor's external tensors."""
+        t = self._external.get(tid)
+        return None if t is None else [int(v) for v in t.detach().cpu().flatten().tolist()]
+
     def peak_bytes(self) -> int:
         return int(self.sched["peak_bytes"])
 
