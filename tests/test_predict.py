@@ -290,3 +290,20 @@ def test_a_benchmark_with_a_bad_ops_csv_is_exit_2(capture_dir, tmp_path, cli_run
         code, out, err = cli_run("predict", str(tmp_path / "bench"), "--ops", str(tmp_path / "bad.csv"),
                                  "-o", str(tmp_path / "o"), "--force")
         assert code == 2 and err.count("\n") == 1, (text, out, err)
+
+
+# --- the report ----------------------------------------------------------------------------------
+
+
+def test_the_report_shows_predicted_beside_measured_and_the_breakdown(capture_dir, tmp_path, monkeypatch):
+    from mystique.reports.html import render_html
+
+    from mystique.predict import run as R
+    from mystique.predict.run import PredictOptions, predict
+
+    monkeypatch.setattr(R, "measure_capture_step", lambda step, *a, **k: (
+        Measured(2.0, 1.9, 2.1, [2.0], "injected"), ""))
+    _, df = predict(capture_dir, tmp_path / "v", options=PredictOptions(verify=True))
+    html = render_html(df, title="predict")
+    assert "Step timeline: predicted" in html and "measured here (rerun)" in html and "measured by the capture" in html
+    assert html.count("<svg") >= 1 and "communication ms" in html

@@ -36,7 +36,7 @@ from ..replay.plan import Plan, build_plan, plan_from_path
 from ..trace.files import read_json_document
 from ..trace.kineto import CPU_CATEGORIES, parse_kineto_document
 from ..trace.loader import load_trace
-from ..trace.pacing import MIN_MATCHED, align_spans, find_pacing, read_timeline
+from ..trace.pacing import MIN_MATCHED, align_spans, find_pacing
 from .kernels import DeviceWork, Kernel, device_work
 from .opmodel import kernel_class, op_class, tensor_ids
 from .sim import Graph, Task
@@ -83,19 +83,30 @@ def _finite(v: Any) -> float | None:
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0 else None
 
 
-def _step_span(path: Path, first: tuple[float, float] | None) -> tuple[float, float] | None:
-    """The ``ProfilerStep#N`` span of a light profile that holds ``first`` (an op's span)."""
-    if first is None:
-        return None
+def _light_profile(path: Path) -> tuple[list[tuple[str, float, float]], list[tuple[float, float]]]:
+    """The host op events ``(name, start, end)`` of a light profile, in start order (as
+    :func:`mystique.trace.pacing.read_timeline` reads them), and its ``ProfilerStep#N`` spans."""
     doc = read_json_document(path, what="Kineto pacing trace")
     events = doc.get("traceEvents") if isinstance(doc, dict) else doc
+    ops, steps = [], []
     for ev in events if isinstance(events, list) else ():
-        if (isinstance(ev, dict) and ev.get("ph") == "X" and ev.get("cat") in CPU_CATEGORIES
-                and isinstance(ev.get("name"), str) and ev["name"].startswith("ProfilerStep#")):
-            ts, dur = _finite(ev.get("ts")), _finite(ev.get("dur"))
-            if ts is not None and dur is not None and ts <= first[0] <= ts + dur:
-                return ts, ts + dur
-    return None
+        if not isinstance(ev, dict) or ev.get("ph") != "X" or ev.get("cat") not in CPU_CATEGORIES:
+            continue
+        name, ts, dur = ev.get("name"), _finite(ev.get("ts")), _finite(ev.get("dur"))
+        if isinstance(name, str) and ts is not None and dur is not None:
+            (steps.append((ts, ts + dur)) if name.startswith("ProfilerStep#") else ops.append((name, ts, ts + dur)))
+    ops.sort(key=lambda e: (e[1], -e[2]))
+    return ops, steps
+
+
+def _align(kin: Any, timeline: list[tuple[str, float, float]]) -> tuple[dict[int, tuple[float, float]], float]:
+    """rf_id -> its span in the light profile: one to one where both runs called the same operators in
+    the same order (the usual case, linear), else :func:`mystique.trace.pacing.align_spans`."""
+    ref = sorted((span[0], -span[1], rf) for rf, span in kin.cpu_spans_us.items()
+                 if not kin.names.get(rf, "").startswith("ProfilerStep#"))
+    if ref and len(ref) == len(timeline) and all(kin.names.get(r[2], "") == e[0] for r, e in zip(ref, timeline)):
+        return {r[2]: (e[1], e[2]) for r, e in zip(ref, timeline)}, 1.0
+    return align_spans(kin, timeline)
 
 
 def _ops_csv_times(path: str | os.PathLike, n_ops: int) -> list[float | None]:
@@ -145,8 +156,10 @@ def load_step(path: str | os.PathLike, *, ops_csv: str | os.PathLike | None = No
         kin = parse_kineto_document(doc, source=str(kin_path))
     spans, source = None, "kineto.json.gz (recorded beside the execution-trace observer)"
     pacing = find_pacing(p)
+    light_steps: list[tuple[float, float]] = []
     if kin is not None and pacing is not None:
-        aligned, matched = align_spans(kin, read_timeline(pacing))
+        timeline, light_steps = _light_profile(pacing)
+        aligned, matched = _align(kin, timeline)
         if matched >= MIN_MATCHED:
             spans, source = aligned, f"{pacing.name} (the step under the Kineto profiler alone, {matched:.0%} matched)"
     plan = build_plan(trace, iteration, kineto_times=kin, capture=read_capture(p), allow_ops=allow_ops,
@@ -179,7 +192,7 @@ def load_step(path: str | os.PathLike, *, ops_csv: str | os.PathLike | None = No
     if spans is not None and step.ops:
         first = min((spans[o["rf_id"]] for o in plan.ops if o.get("rf_id") in spans), default=None)
         last = max((spans[o["rf_id"]][1] for o in plan.ops if o.get("rf_id") in spans), default=None)
-        span = _step_span(pacing, first) if pacing is not None else None
+        span = next((s for s in light_steps if first is not None and s[0] <= first[0] <= s[1]), None)
         if span is not None and first is not None and last is not None:
             step.lead_us, step.tail_us = max(first[0] - span[0], 0.0), max(span[1] - last, 0.0)
     if work.unlinked:

@@ -5,7 +5,7 @@ its rows; a suite without a section module gets the table alone. A new suite's s
 module here and one entry in :data:`SECTIONS`. Never imports torch.
 """
 
-from . import correctness, numerics, performance, replay, selftest, soft_errors
+from . import correctness, numerics, performance, predict, replay, selftest, soft_errors
 from .base import SuiteRows, rows_table
 
 #: suite -> the module that draws its section
@@ -16,6 +16,7 @@ SECTIONS = {
     "correctness": correctness,
     "performance": performance,
     "selftest": selftest,
+    "predict": predict,
 }
 
 __all__ = ["SECTIONS", "SuiteRows", "rows_table"]
