@@ -307,3 +307,63 @@ def test_the_report_shows_predicted_beside_measured_and_the_breakdown(capture_di
     html = render_html(df, title="predict")
     assert "Step timeline: predicted" in html and "measured here (rerun)" in html and "measured by the capture" in html
     assert html.count("<svg") >= 1 and "communication ms" in html
+
+
+# --- device work from a Kineto trace (a GPU step, synthetic) --------------------------------------
+
+
+def _gpu_doc():
+    ev = []
+
+    def cpu(name, rf, ext, ts, dur):
+        ev.append({"ph": "X", "cat": "cpu_op", "name": name, "ts": ts, "dur": dur, "pid": 1, "tid": 1,
+                   "args": {"Record function id": rf, "External id": ext}})
+
+    def launch(corr, ext, ts, name="cudaLaunchKernel"):
+        ev.append({"ph": "X", "cat": "cuda_runtime", "name": name, "ts": ts, "dur": 1, "pid": 1, "tid": 1,
+                   "args": {"correlation": corr, "External id": ext}})
+
+    def kernel(name, corr, stream, ts, dur):
+        ev.append({"ph": "X", "cat": "kernel", "name": name, "ts": ts, "dur": dur, "pid": 0, "tid": stream,
+                   "args": {"correlation": corr, "stream": stream}})
+
+    cpu("aten::mm", 10, 100, 0, 10)
+    launch(1, 100, 5)
+    kernel("sm90_xmma_gemm_f32", 1, 7, 6, 100)
+    cpu("c10d::allreduce_", 11, 101, 10, 4)
+    launch(2, 101, 12)
+    kernel("ncclDevKernel_AllReduce_Sum_f32", 2, 13, 106, 40)
+    cpu("aten::item", 12, 102, 14, 150)
+    ev.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaStreamSynchronize", "ts": 14 + 1.5, "dur": 140,
+               "pid": 1, "tid": 1, "args": {"correlation": 3, "External id": 102}})
+    ev.append({"ph": "X", "cat": "kernel", "name": "unlinked", "ts": 1, "dur": 1, "pid": 0, "tid": 7, "args": {}})
+    return {"traceEvents": ev}
+
+
+def test_kernels_link_to_their_ops_with_stream_launch_point_and_sync():
+    from mystique.predict.kernels import device_work
+
+    w = device_work(_gpu_doc())
+    (k,) = w.kernels[10]
+    assert (k.stream, k.dur_us, k.launch) == ("7", 100.0, 0.5)
+    assert w.kernels[11][0].stream == "13" and w.syncs[12] == [0.01] and w.unlinked == 1
+
+
+def test_a_gpu_step_simulates_launches_streams_collectives_and_the_sync():
+    from mystique.predict.graph import OpTiming, Step
+    from mystique.predict.kernels import device_work
+
+    w = device_work(_gpu_doc())
+    ops = [OpTiming(0, "aten::mm", "gemm", "host:1", 10.0, 0.0, w.kernels[10], outputs=[1]),
+           OpTiming(1, "c10d::allreduce_", "communication", "host:1", 4.0, 0.0, w.kernels[11], inputs=[1]),
+           OpTiming(2, "aten::item", "memory", "host:1", 10.0, 0.0, [], syncs=w.syncs[12], inputs=[1])]
+    g = build_graph(Step(plan=None, kind="trace", ops=ops))
+    r = simulate(g)
+    names = [t.name for t in g.tasks]
+    gemm, nccl = names.index("sm90_xmma_gemm_f32"), names.index("ncclDevKernel_AllReduce_Sum_f32")
+    assert (r.start[gemm], r.end[gemm]) == (5.0, 105.0)  # launched half-way through the mm's 10 us
+    assert r.start[nccl] == 105.0 and g.tasks[nccl].cls == "communication"  # waits for the gradient it reduces
+    after = names.index("aten::item (after sync)")
+    assert r.start[after] == 145.0 and r.step_us == pytest.approx(145.0 + 9.9)  # the host resumes when the device is done
+    crit = r.critical_by_class(g)
+    assert crit["communication"] == 40.0 and crit["gemm"] == 100.0
