@@ -54,6 +54,7 @@ from mystique.emulation.tf32 import matmul_tf32_allowed
 from mystique.errors import UsageError
 
 from ..half import U_HALF, device_half_mm
+from ..triton_abft.guard import gemm_wanted
 from .device_check import DeviceCheck, cuda_like
 from .encoding import GemmEncoding, RowChecks, check_weights, checksum_norms, gemm_constants
 from .flags import REDUCED_FLAG, U_TF32_PRODUCT, precise_fp32, reduced_reduction_allowed
@@ -232,7 +233,13 @@ def check_device_linear(enc: DeviceLinearEncoding, x2: torch.Tensor, y2: torch.T
 def device_linear(x: torch.Tensor, enc: DeviceLinearEncoding, *, lam: float | None = None
                   ) -> tuple[torch.Tensor, DeviceCheck]:
     """``F.linear(x, W, b)`` on the device's own kernel, checked on the device (module docstring); returns
-    ``(y, check)`` with ``y`` in x's dtype, autograd intact (the ``rounded`` paths where it is needed)."""
+    ``(y, check)`` with ``y`` in x's dtype, autograd intact (the ``rounded`` paths where it is needed).
+    On CUDA with Triton, bf16/fp16 (and fp32 with TF32) without autograd: the fused checked kernel instead
+    (:func:`..triton_abft.linear.fused_linear`, issue 32)."""
+    if x.is_cuda and gemm_wanted(x, enc.w, enc.bias):
+        from ..triton_abft.linear import fused_linear
+
+        return fused_linear(x, enc, lam=lam)
     x2 = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
     half = x.dtype != torch.float32
     grad = torch.is_grad_enabled() and (x.requires_grad or enc.w.requires_grad or

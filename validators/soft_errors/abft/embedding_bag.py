@@ -1,7 +1,8 @@
 """Checked EmbeddingBag over fp32 tables (:func:`checked_table`) and 8-bit row-wise tables.
 
-On the CPU, without autograd, the lookup is the fused compiled kernel (:mod:`.fused_lookup`);
-elsewhere torch's lookup runs and :mod:`.bag_verdict` checks its output.
+On the CPU, without autograd, the lookup is the fused compiled kernel (:mod:`.fused_lookup`); on CUDA with
+Triton the fused Triton kernel (:mod:`..triton_abft.bag`, issue 32); elsewhere torch's lookup runs and
+:mod:`.bag_verdict` checks its output.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import torch.nn.functional as F
 
 from mystique.errors import UsageError
 
+from ..triton_abft import cuda_wanted
 from .bag_verdict import (
     Bags,
     CompiledBags,
@@ -69,6 +71,12 @@ def checked_embedding_bag(table: CheckedTable, indices: torch.Tensor, offsets: t
         per_sample_weights = per_sample_weights.reshape(-1)
     op, shape = f"embedding_bag_{mode}", (table.weight.shape[0], table.dim, off.shape[0])
 
+    if table.weight.is_cuda and not exact_ratio and per_sample_weights is None and cuda_wanted(table.weight, idx, off):
+        from ..triton_abft.bag import fused_embedding_bag  # (the fused Triton kernel, issue 32)
+
+        out, chk = fused_embedding_bag(table.weight, table.checks, idx, off, mode, lam=lam, op=op)
+        return out, chk.report()
+
     def bags() -> Bags:
         return Bags(table.checks, idx, off, mode, per_sample_weights, off.shape[0], table.dim, 4.0, 0.0, lam, op,
                     "float32", shape)
@@ -112,6 +120,12 @@ def checked_quantized_embedding_bag(table: QuantizedTable, indices: torch.Tensor
         raise UsageError(f"checked_quantized_embedding_bag supports sum and mean pooling, got {mode!r}")
     idx, off = bags_args(indices, offsets)
     op, shape = f"embedding_bag_8bit_{mode}", (table.packed.shape[0], table.dim, off.shape[0])
+
+    if table.packed.is_cuda and not exact_ratio and cuda_wanted(table.packed, idx, off):
+        from ..triton_abft.bag import fused_quantized_bag  # (the fused Triton kernel, issue 32)
+
+        out, chk = fused_quantized_bag(table, idx, off, mode, lam=lam)
+        return out, chk.report()
 
     def bags() -> Bags:
         return Bags(table.checks, idx, off, mode, None, off.shape[0], table.dim, 6.0, 0.0, lam, op, "uint8", shape)

@@ -34,6 +34,7 @@ from mystique.errors import UsageError
 from .._kernels import available, gemm_lower, raw
 from ..exact import int8_mm
 from ..half import accumulation_u, device_half_mm, missing, rounded_half_mm
+from ..triton_abft.guard import gemm_wanted
 from .cache import BoundedCache
 from .device_check import cuda_like
 from .encoding import (
@@ -372,7 +373,14 @@ def checked_mm(a: torch.Tensor, b: torch.Tensor, *, checks: str = "row", lam: fl
     threshold (weaker: a flip below the rounding bound of its row goes unseen; an output that
     overflows the half dtype differs from the product and reads as an alarm).
     int8: the int32 product of the device's int8 GEMM, exact row and column checks.
+    On CUDA with Triton (bf16/fp16, fp32 with TF32; row checks): the fused checked kernel, issue 32.
     """
+    if a.is_cuda and checks == "row" and not exact_ratio and not check_rounded and a.dim() == 2 and b.dim() == 2 \
+            and a.shape[1] == b.shape[0] and gemm_wanted(a, b):
+        from ..triton_abft.linear import fused_mm
+
+        c, chk = fused_mm(a, b, lam=lam)
+        return c, chk.report()
     if cuda_like(a) and a.dtype == torch.float32 and matmul_tf32_allowed():
         return _checked_tf32_mm(a, b, checks, lam, exact_ratio)
     if checks == "row" and not exact_ratio and not check_rounded and a.dim() == 2 and b.dim() == 2 and \
