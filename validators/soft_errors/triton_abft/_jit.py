@@ -13,14 +13,24 @@ def checked_mm_kernel(a_ptr, b_ptr, v_ptr, bias_ptr, sm_ptr, sn_ptr, y_ptr, rpar
                       worst_ptr, flip_ptr, M, N, K, sam, sak, sbk, sbn, sym, syn, NT, MT,
                       BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, RP: tl.constexpr, R: tl.constexpr,
                       HAS_BIAS: tl.constexpr, PREC: tl.constexpr, REF_PREC: tl.constexpr,
-                      UPCAST: tl.constexpr, REF_UPCAST: tl.constexpr, FAULT: tl.constexpr):
+                      UPCAST: tl.constexpr, REF_UPCAST: tl.constexpr, FAULT: tl.constexpr, GROUP_M: tl.constexpr):
     """``y = a @ b (+ bias)`` tile by tile, fp32 accumulation; programs of the last column block
     (``pid_n == NT``) compute ``a @ v`` instead (the reference checksums: ``v`` the weight's checksum
     columns). Each output tile's epilogue writes the tile's weighted row sums (``rpart``, 2 x NT x M)
     and column sums (``cpart``, 2 x MT x N) of the fp32 accumulator, before rounding to y's dtype.
-    ``FAULT``: xor ``flip = (row, col, bits)`` into that accumulator element (fault injection, tests)."""
-    pid_m = tl.program_id(0)
-    pid_n = tl.program_id(1)
+    ``FAULT``: xor ``flip = (row, col, bits)`` into that accumulator element (fault injection, tests).
+    A 1-D grid of MT x NT output tiles, in groups of ``GROUP_M`` row blocks (the tiles that run together
+    share their operands in L2), then the MT reference programs."""
+    pid = tl.program_id(0)
+    if pid >= MT * NT:
+        pid_m = pid - MT * NT
+        pid_n = NT
+    else:
+        group = GROUP_M * NT
+        first_m = (pid // group) * GROUP_M
+        size_m = tl.minimum(MT - first_m, GROUP_M)
+        pid_m = first_m + (pid % group) % size_m
+        pid_n = (pid % group) // size_m
     rm = pid_m * BM + tl.arange(0, BM)
     rk = tl.arange(0, BK)
     if pid_n == NT:

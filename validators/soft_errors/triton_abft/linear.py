@@ -67,6 +67,8 @@ U_TENSOR_CORE = 2.0**-23
 U_FP32 = 2.0**-24
 #: columns of the reference block (``tl.dot`` needs 16): 2 checksums, or 6 (bf16: three parts of each)
 REF_COLS = 16
+#: row blocks per group of the kernel's tile order (tiles that run together share operands in L2)
+GROUP_M = 8
 
 
 @dataclass(frozen=True)
@@ -197,14 +199,14 @@ def _run(x2: torch.Tensor, enc: DeviceLinearEncoding, lam: float | None, flip: t
     interp = interpreting()
     half = dtype in (torch.bfloat16, torch.float16)
     if m:
-        mm_kernel[(mt, nt + 1)](
+        mm_kernel[(mt * nt + mt,)](
             x2, wt, fw.v, enc.bias if enc.bias is not None else fw.v, signs_m, fw.signs, y, rpart, cpart, ref_parts,
             worst, flips, m, n, k, x2.stride(0), x2.stride(1), wt.stride(0), wt.stride(1), y.stride(0), y.stride(1),
             nt, mt, BM=t.bm, BN=t.bn, BK=t.bk, RP=REF_COLS, R=fw.r, HAS_BIAS=enc.bias is not None,
             PREC="tf32" if path.prec == "tf32" else "ieee", REF_PREC="tf32" if path.prec == "tf32" else "ieee",
             # (the interpreter's bf16 tl.dot is wrong: it is taken on the exact fp32 upcasts there, the same sums)
             UPCAST=interp and dtype == torch.bfloat16, REF_UPCAST=dtype == torch.float16 or (interp and half),
-            FAULT=flip is not None, num_warps=t.warps, num_stages=t.stages)
+            FAULT=flip is not None, GROUP_M=GROUP_M, num_warps=t.warps, num_stages=t.stages)
         extra = path.extra(enc.k, lam) + epilogue_u(t, m, n, path.u, lam)
         factor, det, tiny = gemm_constants(enc.k, m, n, path.u, lam, extra, torch.float32)
         bmv = 128
