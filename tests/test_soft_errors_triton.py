@@ -338,3 +338,22 @@ def test_protect_runs_the_fused_forwards_and_defers_their_verdicts(monkeypatch):
         model["bag"](idx, off)
         assert [a.module for a in guard.alarms] == ["bag"] and 2 in guard.alarms[0].report.rows
         guard.remove()
+
+
+@pytest.mark.cuda
+def test_cuda_checked_calls_take_the_fused_kernels(monkeypatch):
+    """On CUDA the product's checked calls run the fused kernels (``MYSTIQUE_TRITON=0``: the torch paths)."""
+    from mystique.validators.soft_errors.abft import checked_embedding_bag, checked_linear, checked_mm, checked_table
+    from mystique.validators.soft_errors.abft.device_linear import device_linear, encode_device_linear
+    from mystique.validators.soft_errors.triton_abft.linear import FusedPath
+
+    x, w, b = _operands(300, 256, 200, torch.bfloat16, 0, "cuda")
+    assert isinstance(device_linear(x, encode_device_linear(w, b))[1].path, FusedPath)
+    assert not checked_linear(x, w, b)[1].alarm and not checked_mm(x, w.t())[1].alarm
+    table = checked_table(torch.randn(1000, 64, device="cuda"))
+    idx, off = torch.randint(0, 1000, (400,), device="cuda"), torch.arange(0, 400, 40, device="cuda")
+    out, rep = checked_embedding_bag(table, idx, off)
+    assert not rep.alarm
+    torch.testing.assert_close(out, F.embedding_bag(idx, table.weight, off))
+    monkeypatch.setenv("MYSTIQUE_TRITON", "0")
+    assert not isinstance(device_linear(x, encode_device_linear(w, b))[1].path, FusedPath)

@@ -187,14 +187,14 @@ def _run(x2: torch.Tensor, enc: DeviceLinearEncoding, lam: float | None, flip: t
     fw = fused_weights(enc)
     nt, mt = math.ceil(n / t.bn), math.ceil(m / t.bm)
     y = torch.empty((m, n), dtype=dtype, device=dev)
-    rpart = torch.empty((2, nt, m), dtype=torch.float32, device=dev)
-    cpart = torch.empty((2, mt, n), dtype=torch.float32, device=dev)
-    ref_parts = torch.empty((fw.r, m), dtype=torch.float32, device=dev)
-    got = torch.empty((2, m), dtype=torch.float32, device=dev)
-    ref = torch.empty((2, m), dtype=torch.float32, device=dev)
-    worst = torch.empty((), dtype=torch.float32, device=dev)
-    signs_m = check_weights(m, dev, torch.float32)[1].contiguous()
-    flips = torch.tensor(flip if flip is not None else (0, 0, 0), dtype=torch.int32, device=dev)
+    # one allocation for the kernels' fp32 buffers (each call its own: the verdicts are read later)
+    sizes = (2 * nt * m, 2 * mt * n, fw.r * m, 2 * m, 2 * m, 1)
+    rpart, cpart, ref_parts, got, ref, worst = torch.empty(sum(sizes), dtype=torch.float32, device=dev).split(sizes)
+    rpart, cpart, ref_parts = rpart.view(2, nt, m), cpart.view(2, mt, n), ref_parts.view(fw.r, m)
+    got, ref, worst = got.view(2, m), ref.view(2, m), worst.view(())
+    signs_m = check_weights(m, dev, torch.float32)[1]
+    # (no fault: any int32-sized buffer stands for the unread flip argument, no host-to-device copy)
+    flips = torch.tensor(flip, dtype=torch.int32, device=dev) if flip is not None else worst
     wt = enc.w.t()  # (K, N) view: B of the product
     interp = interpreting()
     half = dtype in (torch.bfloat16, torch.float16)
