@@ -343,7 +343,12 @@ def test_protect_runs_the_fused_forwards_and_defers_their_verdicts(monkeypatch):
 @pytest.mark.cuda
 def test_cuda_checked_calls_take_the_fused_kernels(monkeypatch):
     """On CUDA the product's checked calls run the fused kernels (``MYSTIQUE_TRITON=0``: the torch paths)."""
-    from mystique.validators.soft_errors.abft import checked_embedding_bag, checked_linear, checked_mm, checked_table
+    from mystique.validators.soft_errors.abft import (
+        checked_embedding_bag,
+        checked_linear,
+        checked_mm,
+        checked_table,
+    )
     from mystique.validators.soft_errors.abft.device_linear import device_linear, encode_device_linear
     from mystique.validators.soft_errors.triton_abft.linear import FusedPath
 
