@@ -56,7 +56,22 @@ def test_replay_gives_the_ops_the_recorded_loads_and_the_check_can_fail(moe_plan
     assert site["replayed"] == site["recorded"] and sum(site["recorded"]) == 32
     # an op that wrote into a pinned input would change what later ops read: the summary says so
     e._external[next(p["tensor"] for p in plan.metadata["pins"] if pins.is_routing(p))].add_(1)
-    assert not pins.routing_summary(plan, e)["replayed_equals_planned"]
+    bad = pins.routing_summary(plan, e)
+    assert not bad["replayed_equals_planned"]
+    rows = _routing_rows(s)
+    assert rows.loc[rows.check == "replay_routing_reproduced", "status"].tolist() == ["pass"]
+    rows = _routing_rows(bad)
+    row = rows[rows.check == "replay_routing_reproduced"].iloc[0]
+    assert row.status == "fail" and row.value == pytest.approx(11 / 12)
+
+
+def _routing_rows(routing):
+    from mystique.replay.result_rows import routing_rows
+    from mystique.results import Results, RunContext
+
+    res = Results(RunContext(device="cpu", device_name="cpu", torch_version="x"), "replay")
+    routing_rows(res, routing, "llama4/debug/train")
+    return res.frame()
 
 
 def test_target_loads_keep_the_total_and_follow_the_law():

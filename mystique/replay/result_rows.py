@@ -23,7 +23,7 @@ FALLBACK_SHARE_MAX = 0.01
 #: which side of its threshold a checked row's value must lie on to pass (``band``: within
 #: RATIO_LOW-RATIO_HIGH); a row never reads pass with its value on the wrong side
 ROW_DIRECTIONS = {"replay_coverage": "min", "replay_coverage_by_time": "min", "replay_output_fallbacks": "max",
-                  "replay_step_time_ratio": "band"}
+                  "replay_step_time_ratio": "band", "replay_routing_reproduced": "min"}
 
 
 def reproduce_command(source: Any, device: str, seed: int, **opts: Any) -> str:
@@ -64,6 +64,7 @@ def results(summary: dict[str, Any], e: Executor, plan: Plan, device: str, subje
         _recorded_rows(res, summary, plan, device, subject, target, dtype, iters, warmup, seed)
     _bound_rows(res, summary, device, subject, dtype)
     _op_error_rows(res, summary, plan, device, subject, dtype)
+    routing_rows(res, summary.get("routing"), subject)
     # ops with a synthetic result, plus views the executor had to synthesise (each one substitution)
     subst = sum(1 for st in e.status if st.fallbacks) + int(getattr(e, "_fallbacks", 0))
     replayed = c["replayed"]
@@ -77,6 +78,26 @@ def results(summary: dict[str, Any], e: Executor, plan: Plan, device: str, subje
     res.add("replay_peak_memory", subject, "bytes", e.peak_bytes(), unit="B", status="info",
             detail="late-allocation / early-free schedule of the plan")
     return res.frame()
+
+
+def routing_rows(res: Any, routing: dict[str, Any] | None, subject: str) -> None:
+    """``replay_routing_reproduced`` (the share of pinned grouped GEMMs whose replayed tokens per expert
+    equal the planned ones; pass only at 1: routing is integers, reproduced exactly or not) and
+    ``replay_max_load_ratio`` (info: the largest planned load over the recorded one, summed over the
+    sites), for a plan with routing pins (summary.json ``routing``)."""
+    if not routing or not routing.get("sites"):
+        return
+    sites = routing["tokens_per_expert"]
+    same = sum(1 for s in sites if s["replayed"] == s["planned"])
+    share = same / len(sites)
+    res.add("replay_routing_reproduced", subject, "share", share, threshold=1.0,
+            status="pass" if share >= 1.0 else "fail",
+            detail=f"{same} of {len(sites)} grouped GEMM(s) were given the planned tokens per expert "
+                   f"(routing {routing['transform']}; planned equals recorded: {routing['planned_equals_recorded']}); "
+                   "read back from the pinned inputs after the timed iterations")
+    if routing.get("max_load_ratio") is not None:
+        res.add("replay_max_load_ratio", subject, "ratio", float(routing["max_load_ratio"]), status="info",
+                detail="sum over grouped GEMMs of the largest planned expert load / the largest recorded one")
 
 
 def compute_time_share(plan: Plan, status: list[Any]) -> float | None:
