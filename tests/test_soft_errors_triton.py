@@ -362,3 +362,34 @@ def test_cuda_checked_calls_take_the_fused_kernels(monkeypatch):
     torch.testing.assert_close(out, F.embedding_bag(idx, table.weight, off))
     monkeypatch.setenv("MYSTIQUE_TRITON", "0")
     assert not isinstance(device_linear(x, encode_device_linear(w, b))[1].path, FusedPath)
+
+
+# --- a wider sweep under the interpreter (opt in: -m slow) -------------------------------------------------
+
+
+@pytest.mark.slow
+@examples(60)
+@given(m=st.integers(1, 200), k=st.integers(1, 300), n=st.integers(1, 200), dtype=st.sampled_from(DTYPES),
+       bias=st.booleans(), seed=st.integers(0, 2**16))
+def test_wide_clean_fused_linear(m, k, n, dtype, bias, seed):
+    with interpreted():
+        check_clean_linear(m, k, n, dtype, bias, seed, "cpu")
+
+
+@pytest.mark.slow
+@examples(60)
+@given(m=st.integers(1, 150), k=st.integers(1, 200), n=st.integers(1, 150), dtype=st.sampled_from(DTYPES),
+       where=st.tuples(st.floats(0, 0.999), st.floats(0, 0.999)), bit=st.integers(0, 31), seed=st.integers(0, 2**16))
+def test_wide_accumulator_flips(m, k, n, dtype, where, bit, seed):
+    with interpreted():
+        check_flip_linear(m, k, n, dtype, int(where[0] * m), int(where[1] * n), bit, seed, "cpu")
+
+
+@pytest.mark.slow
+@examples(60)
+@given(kind=st.sampled_from(KINDS), rows=st.integers(1, 300), d=st.integers(1, 300),
+       lengths=st.lists(st.integers(0, 60), min_size=1, max_size=40), mode=st.sampled_from(("sum", "mean")),
+       seed=st.integers(0, 2**16))
+def test_wide_clean_fused_bags(kind, rows, d, lengths, mode, seed):
+    with interpreted():
+        check_clean_bag(kind, rows, d, lengths, mode, seed, "cpu")
