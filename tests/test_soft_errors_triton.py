@@ -54,11 +54,16 @@ def _operands(m: int, k: int, n: int, dtype: torch.dtype, seed: int, device: str
     return x, w, b
 
 
-def check_clean_linear(m: int, k: int, n: int, dtype: torch.dtype, bias: bool, seed: int, device: str) -> None:
+def check_clean_linear(m: int, k: int, n: int, dtype: torch.dtype, bias: bool, seed: int, device: str,
+                       small_row: float = 1.0) -> None:
+    """``small_row``: row 0 of x scaled by it (2^-14: fp16 subnormals, whose rows cuBLAS's fp16 kernel checked
+    at the product's scale, :data:`..abft.gemm.SCALE_FLOOR_DTYPES`)."""
     from mystique.validators.soft_errors.abft.device_linear import encode_device_linear
     from mystique.validators.soft_errors.triton_abft.linear import fused_linear, fused_mm
 
     x, w, b = _operands(m, k, n, dtype, seed, device)
+    if small_row != 1.0:
+        x[0] = (x[0].float() * small_row).to(dtype)
     enc = encode_device_linear(w, b if bias else None)
     y, chk = fused_linear(x, enc)
     rep = chk.report()
@@ -290,6 +295,7 @@ def test_an_index_out_of_range_alarms_rather_than_reading_past_the_table():
 def test_cuda_fused_linear_clean_and_flips(dtype):
     for seed, (m, k, n) in enumerate(((300, 257, 129), (64, 1024, 512), (1, 64, 3))):
         check_clean_linear(m, k, n, dtype, True, seed, "cuda")
+        check_clean_linear(m, k, n, dtype, False, seed, "cuda", small_row=2.0**-14)
         for bit in (22, 26, 30):
             check_flip_linear(m, k, n, dtype, m // 2, n // 3, bit, seed, "cuda")
 

@@ -121,60 +121,68 @@ def verdict_kernel(rpart_ptr, ref_ptr, vw_ptr, cw_ptr, got_ptr, refo_ptr, worst_
 
 
 @triton.jit
-def _le_f32(p):
-    """The fp32 stored as 4 little-endian bytes at ``p`` (any alignment: read byte by byte)."""
-    b0 = tl.load(p).to(tl.int32)
-    b1 = tl.load(p + 1).to(tl.int32)
-    b2 = tl.load(p + 2).to(tl.int32)
-    b3 = tl.load(p + 3).to(tl.int32)
+def _le_f32(p, mask):
+    """The fp32s stored as 4 little-endian bytes at ``p`` (any alignment: read byte by byte)."""
+    b0 = tl.load(p, mask=mask, other=0).to(tl.int32)
+    b1 = tl.load(p + 1, mask=mask, other=0).to(tl.int32)
+    b2 = tl.load(p + 2, mask=mask, other=0).to(tl.int32)
+    b3 = tl.load(p + 3, mask=mask, other=0).to(tl.int32)
     return (b0 | (b1 << 8) | (b2 << 16) | (b3 << 24)).to(tl.float32, bitcast=True)
 
 @triton.jit
 def checked_bag_kernel(w_ptr, idx_ptr, off_ptr, rowsum_ptr, absum_ptr, out_ptr, worst_ptr, ratio_ptr,
                        n_idx, n_bags, n_rows, D, stride_w, k_lam, d_extra, tiny,
-                       BD: tl.constexpr, QUANT: tl.constexpr, MEAN: tl.constexpr, MARGIN: tl.constexpr):
-    """One bag per program: its rows pooled in fp32 (8-bit rows dequantized as ``q * scale + bias``),
-    the rows' checksums and magnitudes gathered in the same loop, the bag's verdict against the exact
-    threshold ``lam u (2 L + D + extra) a + tiny`` (:func:`..abft.bag_verdict.verify_bag_output`; times
-    ``MARGIN`` = 1 + 2^-10, far above the few roundings of its own fp32 evaluation),
-    its ratio stored and max-reduced into ``worst``. An index out of range reads nothing and makes the
-    bag's ratio infinite (the exact path then runs torch's lookup, which reports it)."""
+                       BD: tl.constexpr, BL: tl.constexpr, QUANT: tl.constexpr, MEAN: tl.constexpr,
+                       MARGIN: tl.constexpr):
+    """One bag per program: its rows pooled in fp32 (8-bit rows dequantized as ``q * scale + bias``), BL rows
+    gathered at once (their loads in flight together), the rows' checksums and magnitudes gathered with
+    them, the bag's verdict against the exact threshold ``lam u (2 L + D + extra) a + tiny``
+    (:func:`..abft.bag_verdict.verify_bag_output`; times ``MARGIN`` = 1 + 2^-10, far above the few
+    roundings of its own fp32 evaluation), its ratio stored and max-reduced into ``worst``. An index out
+    of range reads nothing and makes the bag's ratio infinite (an alarm)."""
     b = tl.program_id(0)
     rd = tl.arange(0, BD)
+    rl = tl.arange(0, BL)
     dm = rd < D
     start = tl.load(off_ptr + b)
     end = tl.load(off_ptr + b + 1, mask=b + 1 < n_bags, other=n_idx)
     end = tl.minimum(end, n_idx)
     acc = tl.zeros((BD,), dtype=tl.float32)
-    ref = 0.0
-    mag = 0.0
-    bad = 0.0
-    for i in range(start, end):
-        r = tl.load(idx_ptr + i)
+    ref = tl.zeros((BL,), dtype=tl.float32)
+    mag = tl.zeros((BL,), dtype=tl.float32)
+    bad = tl.zeros((BL,), dtype=tl.int32)
+    for i0 in range(start, end, BL):
+        live = i0 + rl < end
+        r = tl.load(idx_ptr + i0 + rl, mask=live, other=0)
         ok = (r >= 0) & (r < n_rows)
-        bad = tl.where(ok, bad, 1.0)
-        r = tl.where(ok, r, 0)
+        bad += (live & ~ok).to(tl.int32)
+        live = live & ok
+        r = tl.where(live, r, 0)
+        m2 = live[:, None] & dm[None, :]
         if QUANT:  # fbgemm's row: D codes, then the fp32 scale and bias as 8 little-endian bytes
             row = w_ptr + r * stride_w
-            q = tl.load(row + rd, mask=dm, other=0).to(tl.float32)
-            s = _le_f32(row + D)
-            o = _le_f32(row + D + 4)
-            acc += q * s + o
+            q = tl.load(row[:, None] + rd[None, :], mask=m2, other=0).to(tl.float32)
+            s = _le_f32(row + D, live)
+            o = _le_f32(row + D + 4, live)
+            acc += tl.sum(tl.where(m2, q * s[:, None] + o[:, None], 0.0), axis=0)
         else:
-            acc += tl.load(w_ptr + r * stride_w + rd, mask=dm, other=0.0).to(tl.float32)
-        ref += tl.load(rowsum_ptr + r)
-        mag += tl.load(absum_ptr + r)
+            acc += tl.sum(tl.load(w_ptr + r[:, None] * stride_w + rd[None, :], mask=m2, other=0.0).to(tl.float32),
+                          axis=0)
+        ref += tl.load(rowsum_ptr + r, mask=live, other=0.0)
+        mag += tl.load(absum_ptr + r, mask=live, other=0.0)
     n = (end - start).to(tl.float32)
+    refs = tl.sum(ref, axis=0)
+    mags = tl.sum(mag, axis=0)
     if MEAN:
         den = tl.maximum(n, 1.0)
         acc = acc / den
-        ref = ref / den
-        mag = mag / den
+        refs = refs / den
+        mags = mags / den
     acc = tl.where(dm, acc, 0.0)
     tl.store(out_ptr + b * D + rd, acc.to(out_ptr.dtype.element_ty), mask=dm)
     got = tl.sum(acc, axis=0)
-    thr = (k_lam * (2.0 * n + d_extra) * mag + tiny) * MARGIN
-    q = tl.abs(got - ref) / thr
-    q = tl.where((q == q) & (bad == 0.0), q, float("inf"))
+    thr = (k_lam * (2.0 * n + d_extra) * mags + tiny) * MARGIN
+    q = tl.abs(got - refs) / thr
+    q = tl.where((q == q) & (tl.sum(bad, axis=0) == 0), q, float("inf"))
     tl.store(ratio_ptr + b, q)
     tl.atomic_max(worst_ptr, q)

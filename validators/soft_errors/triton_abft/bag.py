@@ -12,8 +12,8 @@ The verdict is the exact threshold of :func:`..abft.bag_verdict.verify_bag_outpu
 + D + extra) a + tiny`` (``L`` the bag's length, ``a`` its pooled magnitude, the reference summed in fp32,
 ``extra`` 4 for float tables and 6 for 8-bit ones, which covers the dequantisation's two roundings and a
 mean's division), held in the kernel itself: the lookup's and the reference's sums are L - 1 additions
-each, in order, and the output's sum over D (``tl.sum``, any order) at most D - 1, within the gamma bound
-whatever the order. A half table's output is checked on the fp32 accumulator, then rounded once to the
+each (blocks of :data:`BAG_ROWS` rows summed as a tree, the blocks in order: at most L - 1 roundings per
+term whatever the order) and the output's sum over D (``tl.sum``) at most D - 1, within the gamma bound. A half table's output is checked on the fp32 accumulator, then rounded once to the
 table's dtype (torch's own lookup of such a table also accumulates in fp32). Each bag's ratio is kept on
 the device (the exact report after an alarm) and the largest one is the call's :class:`..abft.device_check.
 DeviceCheck` scalar, read back later. The only other launch is the zeroing of that scalar.
@@ -35,6 +35,8 @@ from .kernels import bag_kernel
 
 #: the kernel's threshold times this: far above the few fp32 roundings of its own evaluation
 MARGIN = 1.0 + 2.0**-10
+#: rows of a bag gathered at once (their loads in flight together)
+BAG_ROWS = 16
 
 
 def fused_embedding_bag(weight: torch.Tensor, checks: EmbeddingChecks, indices: torch.Tensor,
@@ -72,7 +74,7 @@ def _run(w: torch.Tensor, d: int, out_dtype: torch.dtype, checks: EmbeddingCheck
     k_lam, tiny, _ = bag_constants(n, d, extra, 0.0, lam)
     if nb:
         bag_kernel()[(nb,)](w, idx, off, checks.rowsum, checks.absum, out, worst, ratio, n, nb, w.shape[0], d,
-                            w.stride(0), k_lam, float(d) + extra, tiny, BD=max(16, 1 << (d - 1).bit_length()),
+                            w.stride(0), k_lam, float(d) + extra, tiny, BD=max(16, 1 << (d - 1).bit_length()), BL=BAG_ROWS,
                             QUANT=quant, MEAN=mode == "mean", MARGIN=MARGIN, num_warps=2 if d > 128 else 1)
     shape = (w.shape[0], d, nb)
 
