@@ -50,13 +50,15 @@ def checked_mm_kernel(a_ptr, b_ptr, v_ptr, bias_ptr, sm_ptr, sn_ptr, y_ptr, rpar
             tl.store(worst_ptr, 0.0)  # (the verdict kernel, launched after this one, takes the max into it)
     else:
         rn = pid_n * BN + tl.arange(0, BN)
+        # rows and columns past M and N read rows and columns of the operands again (no mask on the hot
+        # loads, as Triton's own GEMM); what they compute is never stored nor summed
+        ra = tl.max_contiguous(tl.multiple_of(rm % M, BM), BM)
+        rb = tl.max_contiguous(tl.multiple_of(rn % N, BN), BN)
         acc = tl.zeros((BM, BN), dtype=tl.float32)
         for k0 in range(0, K, BK):
             kk = k0 + rk
-            a = tl.load(a_ptr + rm[:, None] * sam + kk[None, :] * sak,
-                        mask=(rm[:, None] < M) & (kk[None, :] < K), other=0.0)
-            b = tl.load(b_ptr + kk[:, None] * sbk + rn[None, :] * sbn,
-                        mask=(kk[:, None] < K) & (rn[None, :] < N), other=0.0)
+            a = tl.load(a_ptr + ra[:, None] * sam + kk[None, :] * sak, mask=kk[None, :] < K, other=0.0)
+            b = tl.load(b_ptr + kk[:, None] * sbk + rb[None, :] * sbn, mask=kk[:, None] < K, other=0.0)
             if UPCAST:
                 a = a.to(tl.float32)
                 b = b.to(tl.float32)
@@ -70,10 +72,10 @@ def checked_mm_kernel(a_ptr, b_ptr, v_ptr, bias_ptr, sm_ptr, sn_ptr, y_ptr, rpar
             hit = (rm[:, None] == fi) & (rn[None, :] == fj)
             bits = acc.to(tl.int32, bitcast=True)
             acc = tl.where(hit, (bits ^ fb).to(tl.float32, bitcast=True), acc)
-        # (columns n >= N of acc are 0: their operands were loaded as 0; rows m >= M hold the bias)
+        # (the sums leave out rows m >= M and columns n >= N: their weights sn, sm are 0 there)
         sn = tl.load(sn_ptr + rn, mask=rn < N, other=0.0)
         sm = tl.load(sm_ptr + rm, mask=rm < M, other=0.0)
-        tl.store(rpart_ptr + pid_n * M + rm, tl.sum(acc, axis=1), mask=rm < M)
+        tl.store(rpart_ptr + pid_n * M + rm, tl.sum(tl.where(rn[None, :] < N, acc, 0.0), axis=1), mask=rm < M)
         tl.store(rpart_ptr + (NT + pid_n) * M + rm, tl.sum(acc * sn[None, :], axis=1), mask=rm < M)
         tl.store(cpart_ptr + pid_m * N + rn, tl.sum(tl.where(rm[:, None] < M, acc, 0.0), axis=0), mask=rn < N)
         tl.store(cpart_ptr + (MT + pid_m) * N + rn, tl.sum(acc * sm[:, None], axis=0), mask=rn < N)
