@@ -514,6 +514,10 @@ def export_workload(name: str, config: str, out_path: str | os.PathLike, *, dtyp
     """
     require()
     case = case or workload_case(name, config, dtype=dtype, seed=seed, batch_size=batch_size)
+    refusal = getattr(case.module.workload, "onnx_refusal", None)  # a workload that knows it cannot be exported
+    why = refusal(case.module.model) if refusal is not None else None
+    if why:
+        raise UsageError(f"cannot export {case.subject} to ONNX: {why}")
     blocks = list(block_modules(case.module.model))
     return export_module(case.module, case.args, out_path, input_names=list(case.inputs),
                          output_names=["output"], subject=case.subject,

@@ -136,3 +136,13 @@ def test_llama3_packed_documents_mask_within_documents():
     other[0, :5] = (other[0, :5] + 1) % 256
     a, b = model(tokens, ids), model(other, ids)
     assert torch.equal(a[0, 5:], b[0, 5:]) and not torch.equal(a[0, :5], b[0, :5])
+
+
+def test_onnx_export_refuses_naming_the_operator(tmp_path, capsys):
+    pytest.importorskip("onnx")
+    from mystique.cli import main
+
+    code = main(["-q", "export-onnx", "llama4", "-o", str(tmp_path / "o")])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "aten::_grouped_mm has no ONNX form" in err, err
+    assert not (tmp_path / "o").exists()

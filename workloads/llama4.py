@@ -400,3 +400,17 @@ def memory_bytes(cfg: Llama4Config, *, mode: str, dtype: torch.dtype, batch_size
 def describe(model: nn.Module) -> dict[str, Any]:
     """What a capture records of the model beside its config: the expert GEMM path that ran."""
     return {"expert_path": getattr(model, "expert_path", None)}
+
+
+def onnx_refusal(model: nn.Module) -> str | None:
+    """Why the model has no ONNX export (None: it has one). The experts' GEMMs have none in torch 2.13:
+    ``aten::_grouped_mm`` has no ONNX form (and torch.export's fake kernel accepts only bfloat16 on
+    CUDA), and the per-expert loop splits the tokens by loads read back to the host, shapes that
+    depend on the data (the ONNX graph would hold the loads of one batch)."""
+    path = getattr(model, "expert_path", None)
+    if path == "grouped":
+        return "the experts' grouped GEMM aten::_grouped_mm has no ONNX form in torch's exporters"
+    if path == "loop":
+        return ("the per-expert loop splits tokens by loads read back to the host (aten::split_with_sizes of "
+                "data-dependent sizes): an ONNX graph would fix one batch's routing")
+    return None
