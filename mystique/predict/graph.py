@@ -229,7 +229,7 @@ def _check_times(step: Step) -> None:
         raise UsageError(f"{show(step.source)}: the step holds no operator")
     if len(missing) == len(step.ops):
         raise UsageError(f"{show(step.source)}: no operator has a recorded time (no Kineto trace beside the "
-                         "execution trace): replay it and pass the benchmark with --ops OUT/ops.csv")
+                         "execution trace): generate a benchmark from it, replay that, and predict the benchmark with --ops REPLAY_OUT/ops.csv")
     for o in missing:
         o.host_us = 0.0
     if missing:

@@ -34,6 +34,7 @@ from .verify import (
     error_verdict,
     measure_capture_step,
     measure_transform,
+    replay_measured,
 )
 from .whatif import (
     Profile,
@@ -138,6 +139,9 @@ def predict(source: str | os.PathLike, out_dir: str | os.PathLike, *, force: boo
         recorded = capture_measured(step.capture)
         if recorded is not None:
             checks.append(("vs_capture", recorded, ""))
+        replayed = replay_measured(o.ops_csv)
+        if replayed is not None:
+            checks.append(("vs_replay", replayed, ""))
     if o.verify:
         if new_plan is not None:
             prog.note("verifying: the transformed and untransformed benchmarks in paired rounds")
@@ -232,6 +236,8 @@ def _verify_rows(res: Results, subject: str, ms: float, base_ms: float, metric: 
                 status="info", detail=m.how)
         what = ("the predicted step against the step the capture timed (uninstrumented, in the capturing process, "
                 "just before it recorded the step)" if metric == "vs_capture" else
+                "the step predicted from its replay's per-op times against that replay's whole iterations"
+                if metric == "vs_replay" else
                 "the predicted step against the step timed here now (the host's speed may have moved since the capture)")
     err, lo, hi = error_interval(predicted, m)
     status = error_verdict(lo, hi, bound)

@@ -150,6 +150,33 @@ def capture_measured(capture: dict[str, Any] | None) -> Measured | None:
                     f"(after {st.get('warmup', '?')} warm-up steps)")
 
 
+def replay_measured(ops_csv: str | None) -> Measured | None:
+    """The step time of the replay whose ops.csv timed the graph: its ``summary.json`` beside it
+    (``timing.replay_ms``, every timed iteration or round), as a median with its interval; None when
+    there is none or it is not a replay's summary."""
+    import json
+    from pathlib import Path
+
+    if ops_csv is None:
+        return None
+    p = Path(ops_csv).parent / "summary.json"
+    try:
+        if not p.is_file() or p.stat().st_size > 64 * 1024**2:
+            return None
+        doc = json.loads(p.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):
+        return None
+    times = (doc.get("timing") or {}).get("replay_ms") if isinstance(doc, dict) and isinstance(doc.get("timing"), dict) else None
+    if not isinstance(times, list):
+        return None
+    xs = [float(x) for x in times if isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x > 0]
+    if not xs or len(xs) != len(times):
+        return None
+    lo, hi = median_interval(xs)
+    return Measured(statistics.median(xs), lo, hi, xs,
+                    f"median of the {len(xs)} whole iterations its replay timed ({p.parent.name}/summary.json)")
+
+
 def error_interval(predicted: float, m: Measured) -> tuple[float, float, float]:
     """predicted / measured - 1 and its interval from the measured interval."""
     if not (m.value > 0 and m.low > 0 and m.high > 0 and math.isfinite(predicted)):
@@ -169,4 +196,4 @@ def error_verdict(low: float, high: float, bound: float) -> str:
     return "inconclusive"
 
 
-__all__ = ["Measured", "capture_measured", "error_interval", "error_verdict", "measure_capture_step", "measure_transform", "time_step"]
+__all__ = ["Measured", "capture_measured", "replay_measured", "error_interval", "error_verdict", "measure_capture_step", "measure_transform", "time_step"]

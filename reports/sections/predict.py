@@ -20,7 +20,7 @@ from .base import SuiteRows
 #: the operator classes of mystique.predict.sim.CLASSES (not imported: that package imports torch)
 CLASSES = ("gemm", "attention", "memory", "communication", "host")
 _AGAINST = {"vs_capture": "measured by the capture", "vs_rerun": "measured here (rerun)",
-            "vs_paired_replay": "measured (paired replay ratio)"}
+            "vs_paired_replay": "measured (paired replay ratio)", "vs_replay": "measured by its replay"}
 
 
 def _entries(rows: SuiteRows) -> list[dict[str, Any]]:
