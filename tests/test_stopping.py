@@ -131,3 +131,16 @@ def test_the_false_failure_rate_of_the_rule_stays_at_its_nominal_level(seed):
     slack = 3 * (nominal * (1 - nominal) / NULL_SERIES) ** 0.5
     assert fails / NULL_SERIES <= nominal + slack, fails
     assert peeking_fails / NULL_SERIES > nominal + slack, peeking_fails  # the rule is what keeps it nominal
+
+
+def test_a_late_pass_statistic_stops_the_rounds_only_by_failing_or_at_the_last_look():
+    """A mean that rare events move: its early pass may only mean no event has come yet."""
+    calm = (lambda level: (0.98, 1.01), LIMIT)
+    s = Stopper(Looks(first=8, time_cap_s=10.0, looks=3), {"mean": calm}, late_pass=frozenset({"mean"}))
+    assert s.after_round(8, 1.0) is None and s.after_round(16, 2.0) is None
+    assert s.after_round(32, 3.0) == "decided" and s.final.verdicts == {"mean": "pass"}
+    s = Stopper(Looks(first=8, time_cap_s=2.0, looks=3), {"mean": calm}, late_pass=frozenset({"mean"}))
+    assert s.after_round(8, 1.0) is None and s.after_round(9, 2.5) == "decided"  # the time cap is the last look
+    s = Stopper(Looks(first=8, time_cap_s=10.0, looks=3), {"mean": ((lambda level: (1.2, 1.5)), LIMIT)},
+                late_pass=frozenset({"mean"}))
+    assert s.after_round(8, 1.0) == "decided" and s.final.verdicts == {"mean": "fail"}
