@@ -5,9 +5,9 @@ random order each round (:mod:`..overhead`). Each shape gets an A/A row (the tim
 
 On the CPU a shape whose rows have a target runs until they decide (the adaptive stop of
 :mod:`mystique.stopping`, shared with the performance validator's paired rows): looks at ``reps``,
-``2 reps``, ``4 reps`` and ``8 reps`` rounds (the level's ``overhead_reps``, x10 for a table: the
+``2 reps``, ... ``16 reps`` rounds (:data:`LOOKS`; the level's ``overhead_reps``, x10 for a table: the
 first look is the rounds a fixed run used to take) or at :data:`CAP_S` seconds of rounds, each look's
-intervals at 98.75% (Bonferroni over 4 looks: 95% overall); the rounds stop at the first look where
+intervals at 99% (Bonferroni over 5 looks: 95% overall); the rounds stop at the first look where
 every row with a target is decided, and a row still straddling its target at the last look is
 inconclusive. Only the repetitions change: every round times the same calls as before."""
 
@@ -40,14 +40,17 @@ from ..overhead import (
 )
 from ..overhead_device import GPU_SIZES, device_comparisons, device_linear_functions, linear_target
 
-#: the most seconds of rounds one shape's adaptive stop may take (the round cap is 8x the first look's rounds)
+#: the most seconds of rounds one shape's adaptive stop may take (the round cap is 16x the first look's rounds)
 CAP_S = 120.0
+#: looks of the adaptive stop: a row near its target (EmbeddingBag D=64 on a 2-core host: +24.8% against
+#: 26%, half-width 1.3% at 8x the first look's rounds) needs the fifth (16x) or the time cap to decide
+LOOKS = 5
 
 
 def overhead_stopper(t: Any, comparisons: tuple, target: float, first: int) -> Stopper:
     """The adaptive stop of ``comparisons`` (name, checked, base, ...) against ``target`` over the growing
     timings ``t`` (their sample lists grow in place)."""
-    return Stopper(Looks(first=first, time_cap_s=CAP_S), {
+    return Stopper(Looks(first=first, time_cap_s=CAP_S, looks=LOOKS), {
         name: ((lambda level, c=checked, b=base: t.interval(c, b, level)), target)
         for name, checked, base, *_ in comparisons})
 
@@ -143,7 +146,7 @@ def _timed_rows(ctx: GroupContext, suffix: str, threads: int, fns: dict[str, Cal
     # on the CPU (the rows this host must decide); an accelerator's rows keep their fixed rounds
     adaptive = limit is not None and bool(rows[0]) and torch.device(ctx.target.device).type == "cpu"
     with torch.no_grad(), ctx.target.active():
-        t = time_interleaved(fns, 8 * rounds if adaptive else rounds, device=ctx.target.device, threads=threads,
+        t = time_interleaved(fns, 2 ** (LOOKS - 1) * rounds if adaptive else rounds, device=ctx.target.device, threads=threads,
                              sync=ctx.target.synchronize, seed=ctx.seed, before_each=before_each,
                              until=until if adaptive else None)
     load1 = load_average()
