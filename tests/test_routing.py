@@ -122,3 +122,21 @@ def test_values_file_is_untrusted_data(tmp_path):
     plan = {"format": "mystique-benchmark", "version": 1, "metadata": {}, "ops": [], "tensors": [],
             "storages": [{"id": 0, "nbytes": 8, "dtype": "int32", "recipe": {"kind": "values", "values": ["a"]}}]}
     assert "recipe" in plan_problem(plan)
+
+
+def test_doc_lengths_transform_rewrites_the_pinned_document_ids():
+    ids = [0] * 5 + [1] * 11
+    data = {"metadata": {"pins": [], "transforms": []}, "ops": [],
+            "storages": [{"id": k, "recipe": {"kind": "values", "values": ids}} for k in range(3)],
+            "tensors": [{"id": 0, "storage": 0, "shape": [1, 16, 1]}, {"id": 1, "storage": 1, "shape": [1, 1, 16]},
+                        {"id": 2, "storage": 2, "shape": [16, 1]}]}
+    data["metadata"]["pins"] = [{"node_id": 1, "op": "aten::eq", "arg": a, "tensor": t, "recorded": ids}
+                                for a, t in (("self", 0), ("other", 1), ("self", 2))]
+    plan = Plan(data)
+    assert pins.transform_doc_lengths(plan, "uniform:4-4") == 2  # the (16, 1) chunk positions are no documents
+    new = [data["storages"][k]["recipe"]["values"] for k in range(3)]
+    assert new[0] == new[1] == [0] * 4 + [1] * 4 + [2] * 4 + [3] * 4 and new[2] == ids
+    assert pins._runs(new[0], 16) == [[4, 4, 4, 4]]
+    for bad in ("uniform:9-3", "longtail:0:1", "zipf"):
+        with pytest.raises(ValueError, match="--doc-lengths must be one of"):
+            pins.parse_doc_lengths(bad)

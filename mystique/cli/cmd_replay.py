@@ -122,14 +122,16 @@ def ratio_words(summary: dict) -> str:
 @options.force
 @options.allow_ops
 @options.routing
+@options.doc_lengths
 def generate_cmd(trace, output, device, dtype, formats, batch_scale, keep, drop, obfuscate, iteration, force,
-                 allow_ops, routing) -> int:
+                 allow_ops, routing, doc_lengths) -> int:
     """Generate a benchmark folder (benchmark.json, benchmark.py) from TRACE (trace dir or ET file)."""
     from ..replay.generate import generate
 
     plan = generate(trace, output, device=device, dtype=dtype, formats=formats, batch_scale=batch_scale,
                     keep=keep, drop=drop, obfuscate_names=obfuscate, iteration=iteration, force=force,
-                    allow_ops=allow_ops, routing=routing)
+                    allow_ops=allow_ops, routing=routing,
+                    doc_lengths=doc_lengths)
     skipped = sum(s["count"] for s in plan.metadata.get("skipped", {}).values())
     click.echo(f"{len(plan.ops)} ops ({skipped} will be skipped) written to {output}")
     return 0

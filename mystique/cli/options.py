@@ -100,6 +100,11 @@ routing = click.option(
     help="Tokens per expert of the grouped expert GEMMs (a mixture of experts): as the capture recorded them, "
     "spread evenly, or Zipf-skewed (expert e's share proportional to (e+1)^-ALPHA); each layer keeps its total.",
 )
+doc_lengths = click.option(
+    "--doc-lengths", default="recorded", show_default=True, metavar="recorded|uniform:MIN-MAX|longtail:MIN:ALPHA",
+    help="Lengths of the packed documents of document-masked attention: as recorded, uniform in MIN..MAX, or "
+    "long-tailed (Pareto from MIN with exponent ALPHA, as WLB-LLM describes corpora); each sequence stays full.",
+)
 
 
 class LazyChoice(click.Choice):

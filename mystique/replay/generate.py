@@ -27,7 +27,7 @@ from ..errors import UsageError
 from ..io import atomic_write_text, check_output_dir, staged_output_dir
 from ..progress import Progress
 from ..targets import parse_device
-from .pins import parse_routing, transform_routing
+from .pins import parse_doc_lengths, parse_routing, transform_doc_lengths, transform_routing
 from .plan import Plan, normalise, plan_from_path
 from .recipes import EMBEDDING_BAG_OPS, DataRecipes, named_args, offsets_segment
 
@@ -436,11 +436,13 @@ def generate(
     force: bool = False,
     allow_ops: Sequence[str] = (),
     routing: str = "recorded",
+    doc_lengths: str = "recorded",
 ) -> Plan:
     """Generate a benchmark folder from a trace (dir or ET file); returns the written plan.
 
     ``routing``: the tokens per expert of the pinned grouped GEMMs (:func:`.pins.transform_routing`:
     ``recorded``, ``uniform``, ``skewed:ALPHA``); a trace without them refuses any but ``recorded``.
+    ``doc_lengths``: the lengths of the pinned packed documents (:func:`.pins.transform_doc_lengths`).
 
     ``allow_ops``: fnmatch patterns (``ns::name``) of operators outside
     ``runtime.ALLOWED_OP_NAMESPACES`` to keep (else skipped in the plan); whoever replays the
@@ -448,6 +450,7 @@ def generate(
     fmts = parse_formats(formats)
     try:
         parse_routing(routing)
+        parse_doc_lengths(doc_lengths)
     except ValueError as exc:
         raise UsageError(str(exc)) from exc
     if "onnx" in fmts:
@@ -474,6 +477,11 @@ def generate(
                              "recorded group offsets; capture it again with this version)")
         plan.metadata["transforms"].append({"routing": plan.metadata["routing"]})
         prog.note(f"routing: {plan.metadata['routing']}")
+    if doc_lengths != "recorded":
+        if not transform_doc_lengths(plan, doc_lengths):
+            raise UsageError(f"--doc-lengths {doc_lengths}: {_line(trace)} records no packed documents (no "
+                             "document-masked attention with recorded document ids)")
+        plan.metadata["transforms"].append({"doc_lengths": doc_lengths})
     plan.metadata["default_device"] = device
     if obfuscate_names:
         plan = obfuscate(plan)

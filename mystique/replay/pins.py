@@ -136,6 +136,91 @@ def transform_routing(plan: Any, text: str) -> int:
     return changed
 
 
+DOC_LENGTHS = ("recorded", "uniform:MIN-MAX", "longtail:MIN:ALPHA")
+_UNIFORM_DOCS = re.compile(r"uniform:(\d+)-(\d+)")
+_LONGTAIL_DOCS = re.compile(r"longtail:(\d+):(\d+(?:\.\d*)?|\.\d+)")
+
+
+def is_doc_ids(pin: dict[str, Any], shape: list[int]) -> bool:
+    """A pinned operand of the document mask's comparison: (B, S, 1) or (B, 1, S) document ids."""
+    return pin.get("op") == "aten::eq" and len(shape) == 3 and 1 in shape[1:] and max(shape[1:]) > 1
+
+
+def parse_doc_lengths(text: str) -> Any:
+    """``recorded`` (None), ``uniform:MIN-MAX`` or ``longtail:MIN:ALPHA`` as a
+    :class:`mystique.workloads.packing.DocLengths`; ValueError naming the forms otherwise."""
+    from ..workloads.packing import DocLengths
+
+    if text == "recorded":
+        return None
+    m, t = _UNIFORM_DOCS.fullmatch(text), _LONGTAIL_DOCS.fullmatch(text)
+    try:
+        if m:
+            return DocLengths("uniform", min_len=int(m.group(1)), max_len=int(m.group(2)))
+        if t:
+            return DocLengths("longtail", min_len=int(t.group(1)), alpha=float(t.group(2)))
+    except ValueError:
+        pass
+    raise ValueError(f"--doc-lengths must be one of {', '.join(DOC_LENGTHS)} (1 <= MIN <= MAX, ALPHA > 0); got {text!r}")
+
+
+def transform_doc_lengths(plan: Any, text: str, seed: int = 0) -> int:
+    """Give every pinned document-id operand of ``plan`` documents of the lengths ``text`` names
+    (:func:`parse_doc_lengths`, drawn from ``seed``; every pin of one batch shape gets the same ids,
+    as every layer's mask reads the same batch); returns the pins changed."""
+    import torch
+
+    from ..workloads.packing import doc_ids
+
+    spec = parse_doc_lengths(text)
+    storages = {s["id"]: s for s in plan.data["storages"]}
+    tensors = {t["id"]: t for t in plan.data["tensors"]}
+    drawn: dict[tuple[int, int], list[int]] = {}
+    changed = 0
+    for pin in plan.metadata.get("pins") or []:
+        shape = tensors[pin["tensor"]]["shape"]
+        if not is_doc_ids(pin, shape):
+            continue
+        key = (shape[0], max(shape[1:]))
+        if spec is None:
+            vals = list(pin["recorded"])
+        else:
+            if key not in drawn:
+                drawn[key] = doc_ids(spec, key[0], key[1], torch.Generator().manual_seed(seed)).flatten().tolist()
+            vals = drawn[key]
+        storages[tensors[pin["tensor"]]["storage"]]["recipe"] = {"kind": "values", "values": vals}
+        changed += 1
+    plan.metadata["doc_lengths"] = text
+    return changed
+
+
+def _documents(plan: Any, executor: Any) -> dict[str, Any] | None:
+    """Per sequence, the replayed document lengths of the first pinned document ids (and the recorded)."""
+    tensors = {t["id"]: t for t in plan.data["tensors"]}
+    for pin in plan.metadata.get("pins") or []:
+        shape = tensors[pin["tensor"]]["shape"]
+        if is_doc_ids(pin, shape):
+            got = executor.pinned_values(pin["tensor"])
+            n = max(shape[1:])
+            return {"transform": plan.metadata.get("doc_lengths") or "recorded",
+                    "recorded": _runs(pin["recorded"], n), "replayed": _runs(got, n) if got is not None else None}
+    return None
+
+
+def _runs(ids: list[int], n: int) -> list[list[int]]:
+    """Lengths of the runs of equal ids in each sequence of ``n`` positions."""
+    out = []
+    for k in range(0, len(ids), n):
+        seq, lengths = ids[k:k + n], []
+        for i, v in enumerate(seq):
+            if i and v == seq[i - 1]:
+                lengths[-1] += 1
+            else:
+                lengths.append(1)
+        out.append(lengths)
+    return out
+
+
 def routing_summary(plan: Any, executor: Any) -> dict[str, Any] | None:
     """summary.json's ``routing``: per routing pin the recorded, planned and replayed tokens per
     expert (replayed: read from the tensor the executor gave the op, after the timed iterations),
@@ -161,6 +246,7 @@ def routing_summary(plan: Any, executor: Any) -> dict[str, Any] | None:
         "planned_equals_recorded": all(s["planned"] == s["recorded"] for s in sites),
         "max_load_ratio": _max_load_ratio(sites),
         "other_pins": len(pins) - len(sites),
+        "documents": _documents(plan, executor),  # packed documents' lengths per sequence, where pinned
         "tokens_per_expert": sites,
     }
 
