@@ -399,3 +399,50 @@ def test_wide_accumulator_flips(m, k, n, dtype, where, bit, seed):
 def test_wide_clean_fused_bags(kind, rows, d, lengths, mode, seed):
     with interpreted():
         check_clean_bag(kind, rows, d, lengths, mode, seed, "cpu")
+
+
+@pytest.mark.slow
+def test_the_kernels_compile_for_hopper_on_tensor_cores():
+    """Without a GPU: Triton's own compiler and ptxas build the kernels for sm_90 (H100) as a launch would
+    specialise them (unit strides, 16-divisible sizes), the GEMM on wgmma with a cp.async pipeline."""
+    import triton
+    from mystique.validators.soft_errors.triton_abft.kernels import jit_module
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    if triton_abft.interpreting():
+        pytest.skip("TRITON_INTERPRET is set: the kernels are interpreted, not compiled, in this process")
+    mod = jit_module()
+    target = GPUTarget("cuda", 90, 32)
+    ints = ("M", "N", "K", "sam", "sbn", "sym", "sbk", "sak", "syn", "NT", "MT")
+    for dt, prec, ref_up in (("bf16", "ieee", False), ("fp16", "ieee", True), ("fp32", "tf32", False)):
+        sig = {p: f"*{dt}" for p in ("a_ptr", "b_ptr", "bias_ptr", "y_ptr")}
+        sig.update({p: "*fp32" for p in ("sm_ptr", "sn_ptr", "rpart_ptr", "cpart_ptr", "ref_ptr", "worst_ptr",
+                                          "flip_ptr")})
+        sig["v_ptr"] = "*bf16" if dt == "bf16" else "*fp32"
+        sig = {n: sig[n] for n in ("a_ptr", "b_ptr", "v_ptr", "bias_ptr", "sm_ptr", "sn_ptr", "y_ptr", "rpart_ptr",
+                                   "cpart_ptr", "ref_ptr", "worst_ptr", "flip_ptr")}
+        sig.update(dict.fromkeys(ints, "i32"))
+        consts = dict(sak=1, sbk=1, syn=1, BM=128, BN=128, BK=64 if dt != "fp32" else 32, RP=16,
+                      R=6 if dt == "bf16" else 2, HAS_BIAS=True, PREC=prec, REF_PREC=prec, UPCAST=False,
+                      REF_UPCAST=ref_up, FAULT=False, GROUP_M=8)
+        sig.update(dict.fromkeys(consts, "constexpr"))
+        attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(sig)
+                 if n.endswith("_ptr") or n in ("M", "N", "K", "sam", "sbn", "sym")}
+        k = triton.compile(ASTSource(mod.checked_mm_kernel, sig, consts, attrs), target=target,
+                           options={"num_warps": 8, "num_stages": 3})
+        ptx = k.asm["ptx"]
+        assert "wgmma.mma_async" in ptx and "cp.async" in ptx and k.metadata.shared >= 3 * 32768, (dt, prec)
+    sig = {n: "*fp32" for n in ("rpart_ptr", "ref_ptr", "vw_ptr", "cw_ptr", "got_ptr", "refo_ptr", "worst_ptr")}
+    sig.update({"M": "i32", "NT": "i32", "factor": "fp32", "det": "fp32", "tiny": "fp32"})
+    consts = dict(NTP=64, BMV=128, SPLIT=True, HAS_VW=True)
+    sig.update(dict.fromkeys(consts, "constexpr"))
+    triton.compile(ASTSource(mod.verdict_kernel, sig, consts), target=target, options={"num_warps": 4})
+    for wdt, quant in (("fp32", False), ("bf16", False), ("u8", True)):
+        sig = {"w_ptr": f"*{wdt}", "idx_ptr": "*i64", "off_ptr": "*i64", "rowsum_ptr": "*fp32", "absum_ptr": "*fp32",
+               "out_ptr": "*bf16" if wdt == "bf16" else "*fp32", "worst_ptr": "*fp32", "ratio_ptr": "*fp32",
+               "n_idx": "i32", "n_bags": "i32", "n_rows": "i32", "D": "i32", "stride_w": "i32", "k_lam": "fp32",
+               "d_extra": "fp32", "tiny": "fp32"}
+        consts = dict(BD=128, BL=16, QUANT=quant, MEAN=True, MARGIN=1.0 + 2.0**-10)
+        sig.update(dict.fromkeys(consts, "constexpr"))
+        triton.compile(ASTSource(mod.checked_bag_kernel, sig, consts), target=target, options={"num_warps": 1})
