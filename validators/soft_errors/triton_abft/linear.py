@@ -175,54 +175,87 @@ def fused_mm(a: torch.Tensor, b: torch.Tensor, *, lam: float | None = None,
     return _run(a, encode_device_linear(b.t()), lam, flip, "gemm")
 
 
+@dataclass
+class _Plan:
+    """What a call of one shape needs besides its operands (cached per encoding: each Python operation before
+    the GEMM's launch is time the device waits, on a GPU idle between calls)."""
+
+    path: FusedPath
+    nt: int
+    mt: int
+    sizes: list[int]
+    signs_m: torch.Tensor
+    wt: torch.Tensor
+    grid: tuple[int]
+    kw: dict
+    vgrid: tuple[int]
+    vkw: dict
+    consts: tuple[float, float, float]
+    extra: float
+
+
+def _plan(enc: DeviceLinearEncoding, fw: FusedWeights, m: int, dtype: torch.dtype, cuda: bool, lam: float,
+          interp: bool, tf32: bool) -> _Plan:
+    plans = enc.__dict__.setdefault("_plans", {})
+    key = (m, dtype, cuda, lam, interp, tf32)
+    plan = plans.get(key)
+    if plan is None:
+        if len(plans) > 64:
+            plans.clear()
+        n = enc.w.shape[0]
+        path = fused_path(dtype, cuda)
+        t = tiles(dtype, path.prec)
+        nt, mt = math.ceil(n / t.bn), math.ceil(m / t.bm)
+        half = dtype in (torch.bfloat16, torch.float16)
+        prec = "tf32" if path.prec == "tf32" else "ieee"
+        kw = dict(BM=t.bm, BN=t.bn, BK=t.bk, RP=REF_COLS, R=fw.r, HAS_BIAS=enc.bias is not None, PREC=prec,
+                  REF_PREC=prec,
+                  # (the interpreter's bf16 tl.dot is wrong: it takes the exact fp32 upcasts there, the same sums)
+                  UPCAST=interp and dtype == torch.bfloat16, REF_UPCAST=dtype == torch.float16 or (interp and half),
+                  GROUP_M=GROUP_M, num_warps=t.warps, num_stages=t.stages)
+        extra = path.extra(enc.k, lam) + epilogue_u(t, m, n, path.u, lam)
+        bmv = 128
+        vkw = dict(NTP=max(2, 1 << (nt - 1).bit_length()), BMV=bmv, SPLIT=fw.r == 6, HAS_VW=fw.vw is not None,
+                   num_warps=4)
+        plan = plans[key] = _Plan(
+            path, nt, mt, [2 * nt * m, 2 * mt * n, fw.r * m, 2 * m, 2 * m, 1],
+            check_weights(m, enc.w.device, torch.float32)[1], enc.w.t(), (mt * nt + mt,), kw,
+            (math.ceil(m / bmv),), vkw, gemm_constants(enc.k, m, n, path.u, lam, extra, torch.float32), extra)
+    return plan
+
+
 def _run(x2: torch.Tensor, enc: DeviceLinearEncoding, lam: float | None, flip: tuple[int, int, int] | None,
          op: str) -> tuple[torch.Tensor, DeviceCheck]:
     assert CHECK_VECTORS == 2  # (the kernels hold two check vectors)
     mm_kernel, verdict_kernel = gemm_kernels()
-    lam = GEMM_LAMBDA if lam is None else lam
     (m, k), n = x2.shape, enc.w.shape[0]
-    dev, dtype = x2.device, x2.dtype
-    path = fused_path(dtype, x2.is_cuda)
-    t = tiles(dtype, path.prec)
+    dev, dtype, cuda = x2.device, x2.dtype, x2.is_cuda
     fw = fused_weights(enc)
-    nt, mt = math.ceil(n / t.bn), math.ceil(m / t.bm)
+    plan = _plan(enc, fw, m, dtype, cuda, GEMM_LAMBDA if lam is None else lam, interpreting(),
+                 dtype == torch.float32 and cuda and matmul_tf32_allowed())
     y = torch.empty((m, n), dtype=dtype, device=dev)
     # one allocation for the kernels' fp32 buffers (each call its own: the verdicts are read later)
-    sizes = (2 * nt * m, 2 * mt * n, fw.r * m, 2 * m, 2 * m, 1)
-    rpart, cpart, ref_parts, got, ref, worst = torch.empty(sum(sizes), dtype=torch.float32, device=dev).split(sizes)
-    rpart, cpart, ref_parts = rpart.view(2, nt, m), cpart.view(2, mt, n), ref_parts.view(fw.r, m)
-    got, ref, worst = got.view(2, m), ref.view(2, m), worst.view(())
-    signs_m = check_weights(m, dev, torch.float32)[1]
+    bufs = torch.empty(sum(plan.sizes), dtype=torch.float32, device=dev).split_with_sizes(plan.sizes)
+    rpart, cpart, ref_parts, got, ref, worst = bufs
     # (no fault: any int32-sized buffer stands for the unread flip argument, no host-to-device copy)
     flips = torch.tensor(flip, dtype=torch.int32, device=dev) if flip is not None else worst
-    wt = enc.w.t()  # (K, N) view: B of the product
-    interp = interpreting()
-    half = dtype in (torch.bfloat16, torch.float16)
+    wt = plan.wt
     if m:
-        mm_kernel[(mt * nt + mt,)](
-            x2, wt, fw.v, enc.bias if enc.bias is not None else fw.v, signs_m, fw.signs, y, rpart, cpart, ref_parts,
-            worst, flips, m, n, k, x2.stride(0), x2.stride(1), wt.stride(0), wt.stride(1), y.stride(0), y.stride(1),
-            nt, mt, BM=t.bm, BN=t.bn, BK=t.bk, RP=REF_COLS, R=fw.r, HAS_BIAS=enc.bias is not None,
-            PREC="tf32" if path.prec == "tf32" else "ieee", REF_PREC="tf32" if path.prec == "tf32" else "ieee",
-            # (the interpreter's bf16 tl.dot is wrong: it is taken on the exact fp32 upcasts there, the same sums)
-            UPCAST=interp and dtype == torch.bfloat16, REF_UPCAST=dtype == torch.float16 or (interp and half),
-            FAULT=flip is not None, GROUP_M=GROUP_M, num_warps=t.warps, num_stages=t.stages)
-        extra = path.extra(enc.k, lam) + epilogue_u(t, m, n, path.u, lam)
-        factor, det, tiny = gemm_constants(enc.k, m, n, path.u, lam, extra, torch.float32)
-        bmv = 128
-        verdict_kernel[(math.ceil(m / bmv),)](
-            rpart, ref_parts, fw.vw if fw.vw is not None else enc.cw, enc.cw, got, ref, worst, m, nt, factor, det,
-            tiny, NTP=max(2, 1 << (nt - 1).bit_length()), BMV=bmv, SPLIT=fw.r == 6, HAS_VW=fw.vw is not None,
-            num_warps=4)
+        mm_kernel[plan.grid](
+            x2, wt, fw.v, enc.bias if enc.bias is not None else fw.v, plan.signs_m, fw.signs, y, rpart, cpart,
+            ref_parts, worst, flips, m, n, k, x2.stride(0), x2.stride(1), wt.stride(0), wt.stride(1), y.stride(0),
+            y.stride(1), plan.nt, plan.mt, FAULT=flip is not None, **plan.kw)
+        verdict_kernel[plan.vgrid](rpart, ref_parts, fw.vw if fw.vw is not None else enc.cw, enc.cw, got, ref, worst,
+                                   m, plan.nt, *plan.consts, **plan.vkw)
     else:
-        extra = 0.0
         worst.zero_()
+    path, lam_, extra = plan.path, GEMM_LAMBDA if lam is None else lam, plan.extra
 
     def exact(exact_ratio: bool) -> CheckReport:
-        return _exact(enc, x2, got, ref, cpart, path, lam, extra, op, exact_ratio)
+        return _exact(enc, x2, got.view(2, m), ref.view(2, m), cpart.view(2, plan.mt, n), path, lam_, extra, op,
+                      exact_ratio)
 
-    chk = DeviceCheck(worst, dtype_name(dtype), (m, k, n), exact, op, path)
-    return y, chk
+    return y, DeviceCheck(worst, dtype_name(dtype), (m, k, n), exact, op, path)
 
 
 def _exact(enc: DeviceLinearEncoding, x2: torch.Tensor, got: torch.Tensor, ref: torch.Tensor, cpart: torch.Tensor,
