@@ -412,3 +412,19 @@ def test_a_benchmark_timed_by_its_replay_is_checked_against_that_replays_iterati
     code, out, _ = cli_run("predict", str(tmp_path / "bench"), "--ops", str(rep / "ops.csv"), "-o", str(tmp_path / "p"))
     row = read_csv(tmp_path / "p" / "results.csv").query("check == 'prediction_error'").iloc[0]
     assert (code, row.metric, row.status) == (1, "vs_replay", "fail") and row.value == pytest.approx(-0.5)
+
+
+def test_a_host_step_on_a_device_profile_dispatches_on_the_host_and_runs_rooflines_on_a_stream(capture_dir):
+    from mystique.predict.whatif import apply_model, roofline_us
+
+    step = load_step(capture_dir)
+    here = Profile("cpu", {"float32": 0.1}, mem_gbps=20.0)
+    gpu = Profile("gpu", {"float32": 50.0}, mem_gbps=3000.0, launch_us=5.0)
+    moved = apply_model(step, step.plan, here, gpu)
+    assert all(o.host_us == 5.0 for o in moved.ops) and any(o.kernels for o in moved.ops)
+    g = build_graph(moved)
+    assert "stream:0" in g.lanes()
+    r = simulate(g)
+    device = sum(k.dur_us for o in moved.ops for k in o.kernels)
+    assert r.step_us >= max(device, 5.0 * len(moved.ops)) - 1e-9
+    assert roofline_us("gemm", Work(2e9, 0, "float32"), gpu) == pytest.approx(40.0)  # 2 GFLOP at 50 TFLOP/s

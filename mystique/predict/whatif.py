@@ -11,6 +11,11 @@ recorded time ``t`` is a fixed part ``o`` (dispatch and launch: the profile's ``
   ``w``), which scales with its bytes and the bandwidth, and the rest (its per-element work), which
   scales with its element count: ``w' = b * (B'/B) * (BW/BW') + (w - b) * (N'/N)``.
 
+A host-only step (a CPU capture) predicted on a device (``--target-profile``) keeps no host efficiency:
+each operator's host time becomes its dispatch (``o``, or the target's ``launch_us``) and it launches
+one kernel of the operator's roofline time at the target's measured throughput (:func:`roofline_us`):
+a lower bound of the device time, with host and device overlapping as the simulation plays them.
+
 The transforms change shapes and dtypes exactly as ``mystique generate`` does
 (:func:`mystique.replay.generate.retarget_dtype`, :func:`~mystique.replay.generate.rescale_batch`), so
 the prediction is of the benchmark that ``generate --dtype/--batch-scale`` writes. A profile comes from
@@ -30,6 +35,7 @@ from pathlib import Path
 from ..errors import UsageError
 from ..io import show
 from .graph import OpTiming, Step
+from .kernels import Kernel
 from .opmodel import Work, op_tensors, op_work
 from .sim import CLASSES
 
@@ -159,6 +165,14 @@ def op_time(t: float, o: float, cls: str, w0: Work, w1: Work, n0: int, n1: int, 
     return fixed + bw_part * byte_ratio * bw_ratio + (work - bw_part) * elem_ratio
 
 
+def roofline_us(cls: str, w: Work, p: Profile) -> float:
+    """An operator's time on a device at its profile's measured throughput: its FLOPs at the GEMM
+    throughput of its dtype (GEMM and attention) or its bytes at the memory bandwidth, the larger."""
+    compute = w.flops / (p.peak(w.dtype) * 1e12) * 1e6 if cls in ("gemm", "attention") and w.flops and p.peak(w.dtype) else 0.0
+    memory = w.bytes / (p.mem_gbps * 1e9) * 1e6 if p.mem_gbps and w.bytes else 0.0
+    return max(compute, memory)
+
+
 def transformed_plan(step: Step, *, dtype: str | None, batch_scale: float | None, allow_ops: tuple[str, ...] = ()):
     """The plan ``mystique generate --dtype/--batch-scale`` makes of the step's plan."""
     from ..replay.generate import rescale_batch, retarget_dtype
@@ -182,10 +196,15 @@ def apply_model(step: Step, new_plan, base: Profile | None, target: Profile | No
     o = fixed_us(step, base)
     new = copy.copy(step)
     ops = []
+    to_device = target is not None and target is not base and not step.on_device
     for ot, op0, op1 in zip(step.ops, step.plan.ops, new_plan.ops):
         w0, w1 = op_work(op0, t0), op_work(op1, t1)
         n0, n1 = _numel(op0, t0), _numel(op1, t1)
-        if ot.kernels:  # device work scales; the host's launch time does not
+        if to_device:  # a host-only step onto a device: the host dispatches, the device runs the roofline
+            host = min(o, ot.host_us) if target.launch_us is None else target.launch_us
+            kernel = Kernel(ot.name, "0", roofline_us(ot.cls, w1, target), 1.0)
+            ops.append(replace(ot, host_us=host, kernels=[kernel] if kernel.dur_us > 0 else []))
+        elif ot.kernels:  # device work scales; the host's launch time does not
             kernels = [replace(k, dur_us=op_time(k.dur_us, 0.0, ot.cls, w0, w1, n0, n1, base, target))
                        for k in ot.kernels]
             ops.append(replace(ot, kernels=kernels))
@@ -209,5 +228,5 @@ def median_op_us(step: Step) -> float:
     return statistics.median(xs) if xs else 0.0
 
 
-__all__ = ["Profile", "apply_model", "describe", "fixed_us", "op_time", "parse_factors", "read_profile",
+__all__ = ["Profile", "apply_model", "roofline_us", "describe", "fixed_us", "op_time", "parse_factors", "read_profile",
            "scale_classes", "transformed_plan"]
