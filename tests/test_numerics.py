@@ -40,7 +40,7 @@ def _failing(df, check=None):
 def test_groups_name_every_group_and_reject_unknown():
     assert numerics.groups("quick") == list(numerics.GROUPS)
     assert {"conversions", "special_values", "op_sweep", "accumulation", "model_deviation",
-            "repeatability"} == set(numerics.groups("full"))
+            "repeatability", "moe_router_flips"} == set(numerics.groups("full"))
     with pytest.raises(UsageError):
         numerics.groups("medium")
     with pytest.raises(UsageError):

@@ -141,6 +141,11 @@ def expert_gemm(x: Tensor, w: Tensor, offs: Tensor, loads: list[int] | None) -> 
     """Rows of ``x`` grouped per expert (group e ends at ``offs[e]``) times expert e's ``w[e]``
     (E, K, N): one grouped matmul, or with ``loads`` (the group sizes on the host) one GEMM each."""
     if loads is None:
+        kind = x.device.type
+        if torch.is_autocast_enabled(kind):  # autocast has no rule for the grouped GEMM: cast as for mm
+            dt = torch.get_autocast_dtype(kind)
+            if grouped_mm_supported(x.device, dt):
+                x, w = x.to(dt), w.to(dt)
         return torch._grouped_mm(x, w, offs=offs)
     parts = x.split(loads)
     return torch.cat([p @ w[e] for e, p in enumerate(parts)])
@@ -193,7 +198,8 @@ class MoE(nn.Module):
         h = expert_gemm(xs, self.w13, offs, loads)  # (T*k, 2 * hidden)
         gate, up = h.chunk(2, dim=-1)
         y = expert_gemm(F.silu(gate) * up, self.w2, offs, loads)  # (T*k, dim)
-        return self.shared(x).index_add(0, tok, y)  # (T, dim)
+        shared = self.shared(x)  # under autocast in its dtype
+        return shared.index_add(0, tok, y.type_as(shared))  # (T, dim)
 
 
 class Attention(nn.Module):

@@ -15,6 +15,8 @@ rows (suite ``numerics``); ``groups(level)`` names the check groups, each runnab
   autocast on the device versus fp64 on the CPU, per top-level block, and SDPA backends compared
   with the math backend.
 * ``repeatability``: identical inputs give bit-identical results run after run.
+* ``moe_router_flips``: Llama 4's router top-k under bf16/fp16 autocast versus fp64 on the same input:
+  a flip that the rounding bound of the two scores cannot explain fails (:mod:`.moe`).
 
 Options: ``dtypes`` (names or torch dtypes; default bf16, fp16, fp32), ``ops`` (restrict the op
 sweep), ``benchmark`` (a benchmark dir whose GEMM shapes join the sweep), ``workloads`` (names for
@@ -47,12 +49,14 @@ from ._fp import SWEEP_DTYPES
 from .accumulation import run_accumulation
 from .conversions import run_conversions, run_special_values
 from .model import run_model_deviation
+from .moe import run_moe_router_flips
 from .opsweep import run_op_sweep
 from .repeat import run_repeatability
 
 RUNNERS: dict[str, Callable[[Ctx], None]] = {
     "conversions": run_conversions, "special_values": run_special_values, "op_sweep": run_op_sweep,
     "accumulation": run_accumulation, "model_deviation": run_model_deviation, "repeatability": run_repeatability,
+    "moe_router_flips": run_moe_router_flips,
 }
 GROUPS: tuple[str, ...] = tuple(RUNNERS)
 
