@@ -154,6 +154,13 @@ def test_flips_of_the_exponent_are_significant_and_located():
     with interpreted():
         assert check_flip_linear(40, 33, 70, torch.float32, 17, 65, 30, 1, "cpu")
         assert check_flip_linear(40, 33, 70, torch.bfloat16, 39, 0, 29, 2, "cpu")
+        from mystique.validators.soft_errors.abft.device_linear import encode_device_linear
+        from mystique.validators.soft_errors.triton_abft.linear import encode_operand, fused_mm
+
+        x, w, _ = _operands(30, 20, 50, torch.bfloat16, 4, "cpu")
+        rep = fused_mm(x, w.t(), flip=(29, 3, 1 << 28))[1].report()  # (b's checksums encoded on the device)
+        assert rep.location == (29, 3) and rep.rows == [29] and rep.cols == [3], rep.describe()
+        torch.testing.assert_close(encode_operand(w.t()).cw, encode_device_linear(w).cw, rtol=2.0**-20, atol=0)
 
 
 def test_a_flipped_weight_alarms_in_its_column():

@@ -54,8 +54,15 @@ from mystique.emulation.tf32 import matmul_tf32_allowed
 from mystique.errors import UsageError
 
 from ..abft.device_check import DeviceCheck
-from ..abft.device_linear import U_SPLIT, DeviceLinearEncoding, GemmPath, encode_device_linear
-from ..abft.encoding import CHECK_VECTORS, RowChecks, check_weights, col_checks, gemm_constants
+from ..abft.device_linear import U_SPLIT, DeviceLinearEncoding, GemmPath, split_bf16
+from ..abft.encoding import (
+    CHECK_VECTORS,
+    RowChecks,
+    check_weights,
+    checksum_norms,
+    col_checks,
+    gemm_constants,
+)
 from ..abft.flags import U_TF32_PRODUCT, precise_fp32
 from ..abft.gemm import _verify_rows
 from ..abft.report import FLOATS, GEMM_LAMBDA, CheckReport, dtype_name, host
@@ -172,7 +179,23 @@ def fused_mm(a: torch.Tensor, b: torch.Tensor, *, lam: float | None = None,
     if a.dim() != 2 or b.dim() != 2 or a.shape[1] != b.shape[0] or a.dtype != b.dtype or a.dtype not in FLOATS:
         raise UsageError(f"a fused checked GEMM needs (M, K) @ (K, N) of one float dtype, got {tuple(a.shape)} "
                          f"{a.dtype} @ {tuple(b.shape)} {b.dtype}")
-    return _run(a, encode_device_linear(b.t()), lam, flip, "gemm")
+    return _run(a, encode_operand(b), lam, flip, "gemm")
+
+
+@torch.no_grad()
+def encode_operand(b: torch.Tensor) -> DeviceLinearEncoding:
+    """The checksums of a GEMM's right operand ``b`` (K x N) for one call, with device operations only (no
+    host read: :func:`..abft.device_linear.encode_device_linear` reads the norms back, which a per-call
+    encoding cannot afford): ``vt = W_chk^T b^T``, and the lower bound's weights ``cw`` from the norms of
+    ``vt``'s rows in fp64 (their rounding far below the 2^-16 that ``cw`` allows). The host norms that only
+    the exact verdict reads (``vnorm``, ``rnorm``) are left to it (:func:`_exact`)."""
+    w = b.t()
+    with precise_fp32():
+        vt = check_weights(w.shape[0], w.device, torch.float32) @ w.float()
+    vn = torch.linalg.vector_norm(vt.double(), dim=1).clamp_min(float(torch.finfo(torch.float32).tiny))
+    cw = (vn.max() * (1.0 - 2.0**-16) / vn).float()
+    vsplit = split_bf16(vt) if w.dtype == torch.bfloat16 else None
+    return DeviceLinearEncoding(w, None, vt, None, None, cw, None, vsplit)
 
 
 @dataclass
@@ -268,6 +291,9 @@ def _exact(enc: DeviceLinearEncoding, x2: torch.Tensor, got: torch.Tensor, ref: 
     with torch.no_grad(), precise_fp32(), np.errstate(invalid="ignore"):
         x32, w32 = x2.detach().float(), enc.w.t().float()
         b32 = None if enc.bias is None else enc.bias.float()
+        if enc.vnorm is None:  # (an operand encoded per call, :func:`encode_operand`: its host norms now)
+            enc.vnorm = checksum_norms(enc.vt)
+            enc.rnorm = float(w32.double().abs().sum(1).square().sum().sqrt())
         rc = RowChecks(ref, enc.vnorm, x32, w32, b32, None, enc.rnorm)
         meta = torch.empty((m, n), device="meta")
         diff = np.abs(host(got) - host(ref)).max(0)
