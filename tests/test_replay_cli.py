@@ -714,6 +714,24 @@ def test_a_replay_on_another_device_model_is_a_cross_device_comparison(trace_dir
     assert "no fidelity claimed" in row["detail"]
 
 
+@pytest.mark.parametrize("bad", ["NaN", "Infinity", "-1e999"])
+def test_a_capture_json_with_a_non_finite_number_is_ignored_not_an_internal_error(trace_dir, tmp_path, cli_run, bad):
+    """Found by the 10,000-case fuzz campaign: a NaN seed in capture.json was copied into the plan's
+    metadata, and writing benchmark.json (strict JSON) ended in "internal error: ValueError: Out of range
+    float values". capture.json is not JSON with such a number: it is read as absent."""
+    import shutil
+
+    cap = tmp_path / "cap"
+    shutil.copytree(trace_dir, cap)
+    text = (cap / "capture.json").read_text()
+    (cap / "capture.json").write_text(text.replace('"seed": ', f'"seed": {bad}, "was": ', 1))
+    assert f'"seed": {bad}' in (cap / "capture.json").read_text()
+    code, _, err = cli_run("-q", "generate", str(cap), "-o", str(tmp_path / "g"))
+    assert code == 0, err
+    meta = json.loads((tmp_path / "g" / "benchmark.json").read_text())["metadata"]
+    assert "original_step" not in meta or meta["original_step"] is None
+
+
 def test_every_replay_row_ends_with_the_command_that_reproduces_it(trace_dir, tmp_path, cli_run):
     from mystique.results import read_csv
 
