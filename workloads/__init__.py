@@ -14,6 +14,6 @@ The API every other part uses::
 
 from __future__ import annotations
 
-from .base import MODES, WORKLOADS, Step, Workload, WorkloadTooLarge, get, make_step, names
+from .base import MODES, REGISTERED, WORKLOADS, Step, Workload, WorkloadTooLarge, get, make_step, names
 
-__all__ = ["MODES", "WORKLOADS", "Step", "Workload", "WorkloadTooLarge", "get", "make_step", "names"]
+__all__ = ["MODES", "REGISTERED", "WORKLOADS", "Step", "Workload", "WorkloadTooLarge", "get", "make_step", "names"]

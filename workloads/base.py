@@ -36,6 +36,8 @@ _MODULES = {"llama": "llama", "dlrm": "dlrm", "bert": "bert", "llama4": "llama4"
 #: registered workload, sorted). ``llama4`` is registered (capture, replay, ``--workloads llama4``) but
 #: not yet a default: the validators' model checks do not yet judge routing flips (issue 34)
 WORKLOADS: tuple[str, ...] = ("llama", "dlrm", "bert")
+#: every registered workload, in registry order (the demo runs them all)
+REGISTERED: tuple[str, ...] = tuple(_MODULES)
 _FLOAT_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 
 

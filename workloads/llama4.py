@@ -194,7 +194,10 @@ class MoE(nn.Module):
         counts = torch.bincount(flat, minlength=self.cfg.n_experts)  # (E,) tokens per expert
         offs = counts.cumsum(0).to(torch.int32)  # (E,) end of each expert's group
         xs = x.index_select(0, tok) * scores.flatten().index_select(0, order).unsqueeze(1)  # (T*k, dim)
-        loads = None if self.grouped else counts.tolist()
+        # grouped where chosen and the weights' current dtype and device run it (a model moved to
+        # float64 after it was built loops)
+        grouped = self.grouped and grouped_mm_supported(self.w13.device, self.w13.dtype)
+        loads = None if grouped else counts.tolist()
         h = expert_gemm(xs, self.w13, offs, loads)  # (T*k, 2 * hidden)
         gate, up = h.chunk(2, dim=-1)
         y = expert_gemm(F.silu(gate) * up, self.w2, offs, loads)  # (T*k, dim)

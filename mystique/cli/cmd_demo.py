@@ -50,10 +50,11 @@ def demo_cmd(output, config, workloads, modes, validator_list, iters, timing, ha
     from ..replay.generate import generate
     from ..replay.run import replay
     from ..targets import Target
-    from ..workloads import MODES, WORKLOADS
+    from ..workloads import MODES, REGISTERED
     from .cmd_replay import ratio_words
 
-    wl = list(WORKLOADS) if workloads is None else _choices(workloads, WORKLOADS, "workload", "known:")
+    # every registered workload, Llama 4 (MoE) included: its routing is pinned in the replay
+    wl = list(REGISTERED) if workloads is None else _choices(workloads, REGISTERED, "workload", "known:")
     md = _choices(modes, MODES, "mode")
     vals = _choices(validator_list.replace("-", "_"), VALIDATORS, "validator")
     devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
