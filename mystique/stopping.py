@@ -63,12 +63,17 @@ def above_limit_verdict(lo: float, hi: float, limit: float) -> str:
 
 @dataclass(frozen=True)
 class Looks:
-    """The pre-declared looks: ``looks`` checkpoints at ``first x 2^j`` rounds and a time cap."""
+    """The pre-declared looks: ``looks`` checkpoints at ``first x 2^j`` rounds and a time cap; or, with
+    ``by_time``, at ``time_cap_s / 2^(looks-1-j)`` seconds (the first round past each), for rounds whose
+    pace is not known in advance (no round cap then: the last look is at the time cap). The union bound
+    holds for any ``looks`` looks; a look at a time rather than a count is at a round count that the
+    rounds' durations chose, which are nearly independent of the ratio a round measures."""
 
     first: int
     time_cap_s: float
     looks: int = LOOKS
     level: float = LEVEL
+    by_time: bool = False
 
     def __post_init__(self) -> None:
         if self.first < 1 or self.looks < 1 or not 0.0 < self.level < 1.0 or not self.time_cap_s > 0:
@@ -90,15 +95,24 @@ class Looks:
 
     @property
     def checkpoints(self) -> tuple[int, ...]:
-        return tuple(self.first * 2**j for j in range(self.looks))
+        """The rounds of the looks (none ``by_time``)."""
+        return () if self.by_time else tuple(self.first * 2**j for j in range(self.looks))
 
     @property
-    def max_rounds(self) -> int:
-        return self.checkpoints[-1]
+    def times(self) -> tuple[float, ...]:
+        """The seconds of the looks ``by_time`` (the last is the time cap)."""
+        return tuple(self.time_cap_s / 2 ** (self.looks - 1 - j) for j in range(self.looks)) if self.by_time else ()
+
+    @property
+    def max_rounds(self) -> int | float:
+        return math.inf if self.by_time else self.checkpoints[-1]
 
     def describe(self) -> str:
-        cps = ", ".join(str(c) for c in self.checkpoints)
-        return (f"adaptive stop: looks at {cps} rounds or the {self.time_cap_s:g} s cap, each at "
+        if self.by_time:
+            at = ", ".join(f"{t:g}" for t in self.times) + " s"
+        else:
+            at = ", ".join(str(c) for c in self.checkpoints) + f" rounds or the {self.time_cap_s:g} s cap"
+        return (f"adaptive stop: looks at {at}, each at "
                 f"{self.look_level:.2%} (Bonferroni over {self.looks} looks: {self.level:.0%} overall)")
 
 
@@ -149,7 +163,11 @@ class Stopper:
         return got
 
     def after_round(self, rounds: int, seconds: float) -> str | None:
-        at_checkpoint = rounds in self.plan.checkpoints
+        if self.plan.by_time:
+            due = [t for t in self.plan.times if t <= seconds]
+            at_checkpoint = len(due) > len(self.history) and rounds >= self.plan.min_decisive
+        else:
+            at_checkpoint = rounds in self.plan.checkpoints
         at_cap = seconds >= self.plan.time_cap_s and rounds >= min(self.plan.min_decisive, self.plan.max_rounds)
         if not (at_checkpoint or at_cap):
             return None

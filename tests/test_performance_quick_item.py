@@ -128,9 +128,9 @@ def _jitter(i: int) -> float:
 
 
 def test_a_straggler_is_caught_at_the_first_look_and_a_clean_mode_passes_only_at_the_cap(fake_step, monkeypatch):
-    """Stalls every fifth round (ratio ~3 there): the summed-time ratio fails at the first look (12 rounds: the
-    warm-up's pace fits fewer in a quarter of the budget), where the median's interval still reaches a stalled
-    round (its 11th of 12); at the second look (24 rounds) the median passes. A mode that costs nothing passes
+    """Stalls every fifth round (ratio ~3 there), 0.1 s a round: at the first look (a quarter of the 6 s
+    budget: 15 rounds) the median's interval still reaches a stalled round (its 13th of 15); at the second
+    (30 rounds) the median passes and the summed-time ratio fails. A mode that costs nothing passes
     the median early but the mean only at the budget's end (a stall it has not seen yet could still come)."""
     budget = float(perf.LEVELS["quick"]["mode_budget_s"])
     rounds, seen = _deciding_rounds(lambda i: ((3.0 if i % 5 == 1 else 1.0) * _jitter(i), _jitter(i + 1)), 10.0)
@@ -139,7 +139,7 @@ def test_a_straggler_is_caught_at_the_first_look_and_a_clean_mode_passes_only_at
     v = dict(zip(df["check"], df["status"]))
     assert v == {"mode_slowdown": "pass", "mode_mean_slowdown": "fail"}, df["detail"].tolist()
     mean = df[df["check"] == "mode_mean_slowdown"].iloc[0]
-    assert "after 24 rounds" in mean["detail"] and "look 2 of at most 3" in mean["detail"]
+    assert "after 30 rounds" in mean["detail"] and "look 2 of at most 3" in mean["detail"]
     assert "98.33% bootstrap interval" in mean["detail"] and mean["low"] > 1.05
     assert seen["half_width"] == paired.RUN_WHOLE_BUDGET and seen["time_cap_s"] == pytest.approx(budget)
 
@@ -147,18 +147,14 @@ def test_a_straggler_is_caught_at_the_first_look_and_a_clean_mode_passes_only_at
     monkeypatch.setattr(paired, "paired_rounds", rounds)
     df = perf.run(make_target("cpu", "straggler"), level="quick", groups=["mode"])
     assert set(df["status"]) == {"pass"}
-    assert "after 48 rounds" in df.iloc[0]["detail"]  # the mean's pass waits for the last look
+    assert "after 60 rounds" in df.iloc[0]["detail"]  # the mean's pass waits for the last look: the cap
 
 
 def test_a_marginal_mode_runs_the_whole_budget_and_stays_undecided(fake_step, monkeypatch):
     rounds, _ = _deciding_rounds(lambda i: (1.05 * _jitter(i), _jitter(i + 1)), 10.0)
     monkeypatch.setattr(paired, "paired_rounds", rounds)
     df = perf.run(make_target("cpu", "throttle"), level="quick", groups=["mode"])
-    assert set(df["status"]) == {"inconclusive"} and "after 48 rounds" in df.iloc[0]["detail"]
-    assert "the round cap, undecided" in df.iloc[0]["detail"]
+    assert set(df["status"]) == {"inconclusive"} and "after 60 rounds" in df.iloc[0]["detail"]
+    assert "the time cap, undecided" in df.iloc[0]["detail"] and "looks at 1.5, 3, 6 s" in df.iloc[0]["detail"]
 
 
-def test_the_first_look_is_fixed_by_the_warmups_pace():
-    assert paired.first_look(warmup_rounds=10, warmup_s=1.0, seconds=6.0) == 15  # 1.5 s at 0.1 s a round
-    assert paired.first_look(warmup_rounds=2, warmup_s=10.0, seconds=6.0) == paired.MIN_FIRST
-    assert paired.first_look(warmup_rounds=0, warmup_s=0.0, seconds=6.0) == paired.MIN_FIRST

@@ -144,3 +144,14 @@ def test_a_late_pass_statistic_stops_the_rounds_only_by_failing_or_at_the_last_l
     s = Stopper(Looks(first=8, time_cap_s=10.0, looks=3), {"mean": ((lambda level: (1.2, 1.5)), LIMIT)},
                 late_pass=frozenset({"mean"}))
     assert s.after_round(8, 1.0) == "decided" and s.final.verdicts == {"mean": "fail"}
+
+
+def test_looks_by_time_come_at_a_quarter_half_and_all_of_the_cap(fake_clock):
+    """Rounds of unknown pace (0.1 s here): looks at the first round past 1.5, 3 and 6 s; no round cap."""
+    looks = Looks(first=12, time_cap_s=6.0, looks=3, by_time=True)
+    assert looks.times == (1.5, 3.0, 6.0) and looks.checkpoints == () and "looks at 1.5, 3, 6 s" in looks.describe()
+    rng = random.Random(5)
+    s, ratios = _run(lambda: LIMIT + 0.02 * rng.gauss(0, 1), looks, fake_clock, 0.1)
+    assert [h.rounds for h in s.history] == [15, 30, 60] and s.stop == "time cap"
+    s, ratios = _run(lambda: 1.5, looks, fake_clock, 0.1)
+    assert s.stop == "decided" and len(ratios) == 15

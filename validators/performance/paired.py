@@ -14,14 +14,14 @@ injected mode does beyond dispatching.
   not the median.
 
 Both are decided by an adaptive stop (:mod:`mystique.stopping`): the rounds are looked at only at
-four pre-declared checkpoints, ``first``, ``2 first``, ``4 first`` and ``8 first`` rounds (``first``:
-the rounds that fit in an eighth of the budget at the warm-up's pace, at least :data:`MIN_FIRST`)
-or the budget's end, each look with the intervals at 98.75% (Bonferroni over the 4 looks: 95%
-overall, a false failure at most 2.5% as with one fixed 95% interval); they stop at the first look
-where both rows are decided. A row fails when its interval lies wholly above ``1 + mode_margin``,
-passes when it lies at or below it, and stays inconclusive (undecided) when it still straddles it at
-the last look. A throttled or straggling device and a healthy one stop at the first look (an
-eighth of the budget); a marginal one runs the whole budget.
+three pre-declared times, a quarter, half and all of the budget (times, not round counts: a step's
+pace is known only roughly from the warm-up), each look with the intervals at 98.33% (Bonferroni
+over the 3 looks: 95% overall, a false failure at most 2.5% as with one fixed 95% interval); they
+stop at the first look where both rows are decided. A row fails when its interval lies wholly above
+``1 + mode_margin``, passes when it lies at or below it, and stays inconclusive (undecided) when it
+still straddles it at the last look. ``mode_mean_slowdown`` passes only at the last look (a stall not
+yet seen could still come), so a mode that costs nothing runs the whole budget; a throttled or
+straggling device stops as soon as both rows are decided, a marginal one runs the whole budget.
 
 A straggler's stalls move the mean only as they are seen: the bootstrap interval of rounds that
 hold no stall cannot know of one, so the first look must hold several stalls for the
@@ -31,7 +31,6 @@ hold no stall cannot know of one, so the first look must hold several stalls for
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from mystique.faults import PassThroughMode
@@ -43,25 +42,15 @@ from .stats import BOOTSTRAP, bootstrap_sum_ratio
 
 #: a half-width no interval reaches: the paired rounds stop by the adaptive stop (or their time cap) only
 RUN_WHOLE_BUDGET = 1e-12
-#: the fewest rounds at the first look: the median's interval at 98.75% needs 8 (0.5^8 <= 0.00625), the
-#: bootstrap a few more to resample from
+#: the fewest rounds a look decides with: the median's interval at 98.33% needs 7 (0.5^7 <= 0.0083)
 MIN_FIRST = 12
 #: looks of the mode item: at a quarter, half and all of the budget (98.33% intervals)
 MODE_LOOKS = 3
 
 
-def first_look(warmup_rounds: int, warmup_s: float, seconds: float, looks: int = MODE_LOOKS) -> int:
-    """The rounds of the first look: those that fit in ``seconds / 2^(looks-1)`` at the warm-up's pace
-    (its rounds ran both sides, as a measured round does), at least :data:`MIN_FIRST`. It is fixed
-    from the warm-up alone, before any measured round, so the looks are pre-declared."""
-    per_round = warmup_s / warmup_rounds if warmup_rounds > 0 and warmup_s > 0 else math.inf
-    fit = seconds / 2 ** (looks - 1) / per_round if math.isfinite(per_round) else 0.0
-    return max(MIN_FIRST, int(fit))
-
-
 def mode_stopper(p: Paired, seconds: float, limit: float, seed: int) -> Stopper:
     """The adaptive stop of both rows over the growing rounds ``p``."""
-    looks = Looks(first=first_look(p.warmup_rounds, p.warmup_s, seconds), time_cap_s=seconds, looks=MODE_LOOKS)
+    looks = Looks(first=MIN_FIRST, time_cap_s=seconds, looks=MODE_LOOKS, by_time=True)
     return Stopper(looks, {
         "mode_slowdown": (lambda level: median_interval(p.ratios, level), limit),
         "mode_mean_slowdown": (lambda level: bootstrap_sum_ratio(p.a_ms, p.b_ms, seed, level), limit),
