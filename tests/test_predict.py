@@ -250,9 +250,9 @@ def _corrupt(capture_dir, tmp_path, name, data: bytes):
 
 @pytest.mark.parametrize(("name", "data"), [
     ("trace.json.gz", b"not gzip at all"),
-    ("trace.json.gz", gzip.compress(b'{"schema": "1.0.2", "nodes": [{"id": "x"}]}')),
-    ("kineto.json.gz", gzip.compress(b"[1, 2")),
-    ("pacing.json.gz", gzip.compress(b'{"traceEvents": 7}')),
+    ("trace.json.gz", gzip.compress(b'{"schema": "1.0.2", "nodes": [{"id": "x"}]}', mtime=0)),
+    ("kineto.json.gz", gzip.compress(b"[1, 2", mtime=0)),
+    ("pacing.json.gz", gzip.compress(b'{"traceEvents": 7}', mtime=0)),
 ])
 def test_a_corrupted_capture_is_one_line_and_exit_2(capture_dir, tmp_path, cli_run, name, data):
     bad = _corrupt(capture_dir, tmp_path, name, data)
