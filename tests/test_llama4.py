@@ -146,3 +146,13 @@ def test_onnx_export_refuses_naming_the_operator(tmp_path, capsys):
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1 and "aten::_grouped_mm has no ONNX form" in err, err
     assert not (tmp_path / "o").exists()
+
+
+def test_validators_take_llama4_by_name():
+    from mystique.validators import correctness
+
+    from mystique.targets import Target
+
+    df = correctness.run(Target("cpu"), groups=["workload_output"], workloads="llama4")
+    row = df[df.check == "workload_output_error"].iloc[0]
+    assert row.subject == "llama4/debug" and row.status == "pass"

@@ -79,10 +79,11 @@ def select_groups(suite: str, given: Iterable[str] | None, known: Sequence[str],
 
 def select_workloads(value: Any) -> tuple[str, ...]:
     """Reference workloads from ``value`` (names or a comma list), in the order given; None: all of
-    :data:`mystique.workloads.WORKLOADS`. UsageError for unknown names or an empty list."""
-    known = workloads.WORKLOADS
+    :data:`mystique.workloads.WORKLOADS` (the defaults); any registered workload may be named
+    (``llama4`` too). UsageError for unknown names or an empty list."""
+    known = workloads.REGISTERED
     if value is None:
-        return known
+        return workloads.WORKLOADS
     items = value.split(",") if isinstance(value, str) else list(value)
     names = tuple(dict.fromkeys(str(x).strip() for x in items if str(x).strip()))
     unknown = [n for n in names if n not in known] or ([] if names else ["(none given)"])
