@@ -363,7 +363,7 @@ def test_cli_export_onnx_writes_model_and_report(tmp_path):
 def test_cli_bad_input_is_one_line_exit_2(tmp_path):
     r = CliRunner().invoke(cli, ["-q", "export-onnx", "gpt9", "-o", str(tmp_path / "x")])
     assert r.exit_code == 2
-    assert r.output.strip().splitlines() == ["mystique: error: unknown workload 'gpt9'; known: bert, dlrm, llama"]
+    assert r.output.strip().splitlines() == ["mystique: error: unknown workload 'gpt9'; known: bert, dlrm, llama, llama4"]
     assert not (tmp_path / "x").exists()
 
 
