@@ -74,6 +74,7 @@ class Looks:
     looks: int = LOOKS
     level: float = LEVEL
     by_time: bool = False
+    min_rounds: int = 0
 
     def __post_init__(self) -> None:
         if self.first < 1 or self.looks < 1 or not 0.0 < self.level < 1.0 or not self.time_cap_s > 0:
@@ -90,8 +91,9 @@ class Looks:
         """The fewest rounds whose median interval has the look level: the extremes of ``n`` values bound
         the median with ``alpha/(2K)`` on each side only once ``0.5^n <= alpha/(2K)`` (8 rounds at 98.75%).
         A look with fewer rounds decides nothing (its verdicts are inconclusive) and the time cap waits
-        for them: a single round's "interval" is a point, not a 95% statement."""
-        return max(1, math.ceil(math.log2(2.0 / (1.0 - self.look_level)) - 1e-12))
+        for them: a single round's "interval" is a point, not a 95% statement. ``min_rounds`` raises it
+        for a statistic that needs more (a bootstrap of a handful of heavy-tailed rounds undercovers)."""
+        return max(1, self.min_rounds, math.ceil(math.log2(2.0 / (1.0 - self.look_level)) - 1e-12))
 
     @property
     def checkpoints(self) -> tuple[int, ...]:
@@ -168,7 +170,8 @@ class Stopper:
             at_checkpoint = len(due) > len(self.history) and rounds >= self.plan.min_decisive
         else:
             at_checkpoint = rounds in self.plan.checkpoints
-        at_cap = seconds >= self.plan.time_cap_s and rounds >= min(self.plan.min_decisive, self.plan.max_rounds)
+        at_cap = seconds >= self.plan.time_cap_s and (rounds >= min(self.plan.min_decisive, self.plan.max_rounds)
+                                                      or (self.plan.by_time and seconds >= 2 * self.plan.time_cap_s))
         if not (at_checkpoint or at_cap):
             return None
         got = self.look(rounds, seconds)

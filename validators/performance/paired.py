@@ -34,6 +34,7 @@ from __future__ import annotations
 from typing import Any
 
 from mystique.faults import PassThroughMode
+from mystique.hostinfo import torch_threads
 from mystique.stopping import Looks, Stopper
 from mystique.timing import Paired, median_interval, paired_rounds
 
@@ -42,15 +43,17 @@ from .stats import BOOTSTRAP, bootstrap_sum_ratio
 
 #: a half-width no interval reaches: the paired rounds stop by the adaptive stop (or their time cap) only
 RUN_WHOLE_BUDGET = 1e-12
-#: the fewest rounds a look decides with: the median's interval at 98.33% needs 7 (0.5^7 <= 0.0083)
-MIN_FIRST = 12
+#: the fewest rounds a look decides with: the median's interval at 98.33% needs 7 (0.5^7 <= 0.0083), the
+#: bootstrap of the summed times more: on a host so busy that 6 s hold 9 rounds, a 9-round bootstrap passed a
+#: throttled device (0.87 [0.70, 0.98]); fewer rounds leave both rows undecided
+MIN_FIRST = 24
 #: looks of the mode item: at a quarter, half and all of the budget (98.33% intervals)
 MODE_LOOKS = 3
 
 
 def mode_stopper(p: Paired, seconds: float, limit: float, seed: int) -> Stopper:
     """The adaptive stop of both rows over the growing rounds ``p``."""
-    looks = Looks(first=MIN_FIRST, time_cap_s=seconds, looks=MODE_LOOKS, by_time=True)
+    looks = Looks(first=MIN_FIRST, time_cap_s=seconds, looks=MODE_LOOKS, by_time=True, min_rounds=MIN_FIRST)
     return Stopper(looks, {
         "mode_slowdown": (lambda level: median_interval(p.ratios, level), limit),
         "mode_mean_slowdown": (lambda level: bootstrap_sum_ratio(p.a_ms, p.b_ms, seed, level), limit),
@@ -79,9 +82,12 @@ def run_paired(ctx: PerformanceContext, subject: str, executor: Any, seconds: fl
             held.append(mode_stopper(p, seconds, limit, ctx.seed))
         return held[0].after_round(p.rounds, elapsed)
 
-    p = paired_rounds(dut, reference, device=target.device, sync=target.synchronize, half_width=RUN_WHOLE_BUDGET,
-                      time_cap_s=max(seconds, 1.0), min_rounds=MIN_FIRST, warmup_cap_s=max(1.0, seconds / 4),
-                      decide=decide)
+    # one intra-op thread on the CPU: two threads on a busy 2-core host wait at every parallel region's
+    # barrier for a descheduled partner, which made steps 15x slower and their ratios noise
+    with torch_threads(1, target.device):
+        p = paired_rounds(dut, reference, device=target.device, sync=target.synchronize,
+                          half_width=RUN_WHOLE_BUDGET, time_cap_s=max(seconds, 1.0), min_rounds=MIN_FIRST,
+                          warmup_cap_s=max(1.0, seconds / 4), decide=decide)
     if not held:
         held.append(mode_stopper(p, seconds, limit, ctx.seed))
     stopper = held[0]
@@ -94,6 +100,7 @@ def run_paired(ctx: PerformanceContext, subject: str, executor: Any, seconds: fl
            f"warm-up {p.warmup_rounds} rounds" + ("" if p.warmup_settled else " (not settled)")
            + f"; {stopper.describe()}")
     lo, hi = final.intervals["mode_slowdown"]
+    how += "; 1 intra-op thread" if str(target.device).startswith("cpu") else ""
     ctx.res.add("mode_slowdown", subject, "paired_ratio", p.ratio, threshold=limit, low=lo, high=hi,
                 status=final.verdicts["mode_slowdown"], dtype="float32",
                 detail=f"median paired ratio {p.ratio:.4f}, {pct} interval [{lo:.4f}, {hi:.4f}]; {how}; fails above "
