@@ -249,6 +249,8 @@ def record_step(step: Callable[[], Any], target: Target, trace_path: Path, kinet
         raw_path.unlink()
     if not exported or not trace_path.exists():
         raise RuntimeError("the profiler recorded no step")
+    # recorded routing and document ids, where the step had any (values.json beside the trace)
+    collect(trace_path, resource_dir(raw_path), trace_path.parent / VALUES_FILE)
     if pacing_path is not None:
         record_pacing(step, target, pacing_path)
 
@@ -341,7 +343,6 @@ def capture(target_name: str, out_dir: str | os.PathLike, *, force: bool = False
     ctx = RunContext(device=o.device, device_name=info.name, torch_version=torch.__version__)
     with staged_output_dir(out_dir, force) as stage:
         record_step(step, target, stage / TRACE_FILE, stage / KINETO_FILE, stage / PACING_FILE)
-        collect(stage / TRACE_FILE, resource_dir(stage / TRACE_FILE), stage / VALUES_FILE)  # recorded routing and document ids, where any
         counts = trace_counts(stage / TRACE_FILE)
         meta = capture_meta(target_name, described, o.device, info.name, o.dtype, o.seed, timing, counts)
         atomic_write_text(stage / CAPTURE_FILE, json.dumps(meta, indent=2, default=str) + "\n")
