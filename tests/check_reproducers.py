@@ -67,6 +67,8 @@ REPRODUCERS: dict[tuple[str, str], tuple[str, ...]] = {
     ("numerics", "accumulator_precision"): (f"{NUM}::test_bf16_accumulating_gemm_fails_probe_and_bounds",),
     ("numerics", "order_dependence"): (
         f"{NUM}::test_order_dependence_beyond_the_fp32_accumulation_bound_fails",),
+    ("soft_errors", "abft_grouped_gemm"): (
+        "tests/test_abft_grouped_gemm.py::test_clean_groups_pass_and_a_faulty_grouped_kernel_fails",),
     ("numerics", "moe_router_flips"): ("tests/test_moe_numerics.py::test_a_stuck_router_lane_flips_beyond_the_bound",),
     ("numerics", "repeatability"): (f"{NUM}::test_nondeterministic_gemm_fails_repeatability",),
     ("numerics", "model_layer_deviation"): (

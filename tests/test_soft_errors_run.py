@@ -36,8 +36,8 @@ def corrupt_mm():
 
 
 def test_groups_name_every_check_group():
-    assert soft_errors.groups("quick") == ["abft_gemm", "abft_embedding_bag", "abft_fbgemm", "false_positives",
-                                          "detection_campaign", "pvf", "sdc_screen"]
+    assert soft_errors.groups("quick") == ["abft_gemm", "abft_grouped_gemm", "abft_embedding_bag", "abft_fbgemm",
+                                          "false_positives", "detection_campaign", "pvf", "sdc_screen"]
     assert soft_errors.groups("full") == [*soft_errors.groups("quick"), "overhead", "overhead_fbgemm"]
     with pytest.raises(Exception, match="level"):
         soft_errors.groups("nope")
