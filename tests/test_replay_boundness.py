@@ -112,7 +112,8 @@ def test_replay_says_what_bounds_the_step_and_which_time_it_judged(trace_dir, tm
     cli_run("-q", "replay", str(trace_dir), "-o", str(out), "--iters", "2", "--warmup", "0",
             "--original", "user_steps:tiny_mlp")
     s = json.loads((out / "summary.json").read_text())
-    assert list(s)[-3:] == ["device_busy", "original_device_busy", "bound_by"]
+    keys = [k for k in s if k in ("device_busy", "original_device_busy", "bound_by")]
+    assert keys == ["device_busy", "original_device_busy", "bound_by"]
     assert s["device_busy"] == pytest.approx(busy) and s["bound_by"] == bound_by(busy)
     assert s["verdict"] == verdict and s["timing"]["basis"] == basis
     df = read_csv(out / "results.csv")
