@@ -87,6 +87,43 @@ def _hypothesis_profiles() -> None:
 _hypothesis_profiles()
 
 
+def _triton_stdlib_interpreted() -> None:
+    """Triton's interpreter works only where ``TRITON_INTERPRET=1`` was set when ``triton`` was first
+    imported: its standard library (``tl.zeros``, ``tl.sum``, ...) is decorated then, as interpreted or as
+    compiled functions, and an interpreted kernel calls them. torch imports triton as a side effect (its
+    ``_dynamo``, e.g. the first time a TorchDispatchMode runs), so without this the interpreter tests of
+    ``tests/test_soft_errors_triton.py`` failed whenever a fault-injection test had run before them in the
+    same process ("Cannot call @triton.jit'd outside of the scope of a kernel").
+
+    Where no CUDA device is present (nothing compiled could run anyway), import triton here with the flag
+    set, then restore the flag: the product's CPU paths still take torch unless a test sets it.
+    ``MYSTIQUE_TRITON_STDLIB=compiled`` leaves triton alone (the sm_90 compile test's own process)."""
+    import importlib.util
+    import os
+    import sys
+
+    if "triton" in sys.modules or os.environ.get("MYSTIQUE_TRITON_STDLIB") == "compiled":
+        return
+    if importlib.util.find_spec("triton") is None:
+        return
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    before = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "1"
+    try:
+        import triton.language  # noqa: F401
+    finally:
+        if before is None:
+            del os.environ["TRITON_INTERPRET"]
+        else:
+            os.environ["TRITON_INTERPRET"] = before
+
+
+_triton_stdlib_interpreted()
+
+
 # --- issue #30, every check can fail: note the results rows the product writes during each test
 # (tests/check_recorder.py) and hold the session to tests/check_reproducers.py at its end ---
 def pytest_configure(config: pytest.Config) -> None:
