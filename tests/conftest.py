@@ -124,6 +124,18 @@ def _triton_stdlib_interpreted() -> None:
 _triton_stdlib_interpreted()
 
 
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """``-n auto``: a worker per CPU this process may run on, at most 4 (each worker imports torch and
+    builds its own session fixtures: more workers cost memory and repeated set-up, and the default run
+    has too few long tests to keep more busy); one worker for a selection with ``slow`` tests."""
+    import os
+
+    marks = (config.option.markexpr or "").replace(" ", "")
+    if "slow" in marks and marks != "notslow":
+        return 1  # the slow selection holds timing benchmarks: run side by side, they would disturb each other
+    return max(1, min(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))
+
+
 # --- issue #30, every check can fail: note the results rows the product writes during each test
 # (tests/check_recorder.py) and hold the session to tests/check_reproducers.py at its end ---
 def pytest_configure(config: pytest.Config) -> None:

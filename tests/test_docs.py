@@ -56,7 +56,7 @@ def test_readme_has_no_per_host_figures():
 def test_readme_starts_with_the_two_setup_commands():
     first = _blocks(README.read_text(), "bash")[0].splitlines()
     assert first[0].endswith(".venv/bin/mystique demo -o demo-out")
-    assert first[1].endswith(".venv/bin/python -m pytest")
+    assert first[1].endswith(".venv/bin/python -m pytest -n auto")  # pytest-xdist: a worker per core, up to 4
     ci = (ROOT / ".ci" / "run").read_text()
     assert first[1] in ci, ".ci/run runs the README's test command verbatim"
 
