@@ -44,6 +44,8 @@ REPRODUCERS: dict[tuple[str, str], tuple[str, ...]] = {
         "tests/test_replay_boundness.py::test_replay_says_what_bounds_the_step_and_which_time_it_judged",),
     ("replay", "replay_routing_reproduced"): (
         "tests/test_routing.py::test_replay_gives_the_ops_the_recorded_loads_and_the_check_can_fail",),
+    ("replay", "routing_skew_prediction_error"): (
+        "tests/test_routing_skew.py::test_the_check_fails_when_the_step_moves_otherwise_than_predicted",),
     ("replay", "dispatch_overhead_ratio"): (
         f"{RFAIL}::test_dispatch_overhead_ratio_fails_when_the_replay_takes_twice_the_eager_time",),
     # predict

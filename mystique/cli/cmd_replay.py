@@ -35,8 +35,9 @@ from .group import cli
               help="The captured step to time the replay against (paired), when it is a package.module:function "
               "factory: a step that the benchmark or capture folder names is imported only when given here (a "
               "built-in workload is rebuilt from its name).")
+@options.against
 def replay_cmd(source, output, device, iters, warmup, iteration, seed, force, timeout, world_size, backend,
-               timing, half_width, time_cap, pacing, threads, allow_ops, original) -> int:
+               timing, half_width, time_cap, pacing, threads, allow_ops, original, against) -> int:
     """Replay BENCH_OR_TRACE (benchmark dir, benchmark.json, trace dir or ET file) with synthetic data.
 
     Writes OUT_DIR/ops.csv, OUT_DIR/summary.json and OUT_DIR/results.csv. Where the captured step
@@ -51,9 +52,17 @@ def replay_cmd(source, output, device, iters, warmup, iteration, seed, force, ti
     A multi-rank trace (a folder of rank-K/ trace dirs or of per-rank ET files named ...K.json)
     replays with one process per rank: OUT_DIR/rank-K/ per rank, OUT_DIR/collectives.csv and a
     merged summary.
+
+    With --against BASE_BENCH (two routings of one capture): the change BENCH / BASE_BENCH is predicted
+    from the grouped GEMMs' group sizes, then measured in paired rounds (OUT_DIR/results.csv,
+    OUT_DIR/routing_skew.json).
     """
     from .. import results
     from ..distributed import find_rank_sources
+
+    if against is not None:
+        return _against(source, against, output, device, iters, seed, force, world_size, timing, half_width,
+                        time_cap, pacing, threads, allow_ops, original)
 
     if world_size or find_rank_sources(source) is not None:  # scale-out (mystique.distributed)
         from ..distributed import replay_distributed
@@ -90,6 +99,24 @@ def replay_cmd(source, output, device, iters, warmup, iteration, seed, force, ti
         click.echo(f"inconclusive: the 95% interval [{summary['ratio_low']:.3f}, {summary['ratio_high']:.3f}] of the "
                    f"paired ratio straddles the band 0.90-1.10 (more rounds with --time-cap, or a quieter host, "
                    f"may decide)")
+    return results.exit_code(df)
+
+
+def _against(source, against, output, device, iters, seed, force, world_size, timing, half_width, time_cap, pacing,
+             threads, allow_ops, original) -> int:
+    from .. import results
+    from ..errors import UsageError
+    from ..replay.against import replay_against
+
+    if world_size or timing == "recorded" or pacing != "none" or original:
+        raise UsageError("--against times two benchmarks in paired rounds in one process: it takes no --world-size, "
+                         "--timing recorded, --pacing or --original")
+    s, df = replay_against(source, against, output, device=device, seed=seed, iters=iters, half_width=half_width,
+                           time_cap=time_cap, threads=threads, allow_ops=tuple(allow_ops), force=force)
+    click.echo(f"predicted ratio {s['predicted_ratio']:.4f} [{s['predicted_low']:.4f}, {s['predicted_high']:.4f}] "
+               f"({s['predicted_delta_ms']:+.3f} ms on {s['base_step_ms']:.3f}); measured {s['measured_ratio']:.4f} "
+               f"[{s['measured_low']:.4f}, {s['measured_high']:.4f}] paired, {s['rounds']} rounds ({s['verdict']}); "
+               f"results in {output}")
     return results.exit_code(df)
 
 

@@ -100,6 +100,12 @@ routing = click.option(
     help="Tokens per expert of the grouped expert GEMMs (a mixture of experts): as the capture recorded them, "
     "spread evenly, or Zipf-skewed (expert e's share proportional to (e+1)^-ALPHA); each layer keeps its total.",
 )
+against = click.option(
+    "--against", default=None, metavar="BASE_BENCH",
+    help="Time the benchmark against BASE_BENCH, another routing of the same capture (generate --routing), in "
+    "paired rounds, after predicting the change from the grouped GEMMs' group sizes timed alone: "
+    "routing_skew_prediction_error fails when the measured and predicted ratios' 95% intervals are disjoint.",
+)
 doc_lengths = click.option(
     "--doc-lengths", default="recorded", show_default=True, metavar="recorded|uniform:MIN-MAX|longtail:MIN:ALPHA",
     help="Lengths of the packed documents of document-masked attention: as recorded, uniform in MIN..MAX, or "

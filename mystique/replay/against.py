@@ -1,0 +1,140 @@
+"""``mystique replay BENCH --against BASE``: one benchmark timed against another of the same capture.
+
+Two benchmarks that differ only in their routing (``generate --routing``) run the same ops on the same
+shapes except for their grouped GEMMs' group sizes. Here:
+
+1. the prediction is made first (:mod:`.routing_cost`): each pinned grouped GEMM's group times at the
+   sizes both routings use, timed here with the thread count the rounds will use, summed into the
+   predicted change of the step (seconds) with its uncertainty;
+2. then the two benchmarks alternate in paired ABBA rounds in this process
+   (:func:`mystique.timing.paired_rounds`): the median paired ratio BENCH / BASE with its 95% interval;
+3. rows (suite ``replay``): ``routing_skew_predicted_ratio`` (info: 1 + predicted change / BASE's median
+   step, with the interval the uncertainty gives), ``routing_skew_measured_ratio`` (info) and the check
+   ``routing_skew_prediction_error``: measured - predicted ratio, its interval ``[measured low - predicted
+   high, measured high - predicted low]``; verdict :func:`routing_cost.verdict` (fail when the two 95%
+   intervals are disjoint; no tolerance beyond them). A side whose replayed loads are not its planned
+   ones makes the check an ``error``. ``routing_skew.json`` keeps the points, the sites and the rounds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from typing import Any
+
+import torch
+
+from ..errors import UsageError
+from ..io import atomic_write_text, check_output_dir, show, staged_output_dir
+from ..progress import Progress
+from ..results import Results, RunContext, write_csv
+from ..targets import make_target
+from ..timing import paired_rounds
+from . import routing_cost
+from .fidelity import busy_host_threads, device_sync
+from .pins import routing_summary
+from .plan import plan_from_path
+from .run import make_executor, subject_of
+from .runtime import replay_threads, steady_host_allocator
+
+
+def replay_against(source: str | os.PathLike, base: str | os.PathLike, out_dir: str | os.PathLike, *,
+                   device: str = "cpu", seed: int = 0, iters: int = 10, half_width: float = 0.025,
+                   time_cap: float = 60.0, threads: int | None = None, allow_ops: tuple[str, ...] = (),
+                   force: bool = False) -> tuple[dict[str, Any], Any]:
+    """See the module docstring. Returns ``(summary, results DataFrame)``."""
+    if not (half_width > 0 and time_cap > 0) or iters < 1:
+        raise UsageError("--half-width and --time-cap must be positive and --iters at least 1")
+    check_output_dir(out_dir, force)
+    target = make_target(device)
+    prog = Progress("replay")
+    cand, kind = plan_from_path(source, None, allow_ops)
+    basep, bkind = plan_from_path(base, None, allow_ops)
+    if "benchmark" not in (kind, bkind) and kind != bkind:
+        raise UsageError("--against takes two benchmarks (or traces) of one capture")
+    try:
+        ss = routing_cost.sites(cand, basep)
+    except (ValueError, KeyError, IndexError) as exc:
+        raise UsageError(f"--against {show(base)}: {exc}") from exc
+    if not ss:
+        raise UsageError(f"--against compares routings: {show(source)} has no pinned grouped GEMM (a mixture of "
+                         "experts' capture, generated with --routing)")
+    dev = torch.device(target.device)
+    n = replay_threads(cand.data, dev, threads)
+    before = torch.get_num_threads()
+    if n is not None and n != before:
+        torch.set_num_threads(n)
+    sync = device_sync(dev)
+    try:
+        threads_note = busy_host_threads(target, threads, prog.note)  # the prediction and the rounds alike
+        with steady_host_allocator() if dev.type == "cpu" else contextlib.nullcontext():
+            keys = routing_cost.needed(ss)
+            prog.note(f"predicting: {len(ss)} grouped GEMMs, {len(keys)} group sizes timed")
+            points = routing_cost.time_points(keys, target.device, sync=sync)
+            pred = routing_cost.predict(ss, points)
+            prog.note(f"predicted change {pred.delta_s * 1e3:+.3f} ms ± {pred.uncertainty_s * 1e3:.3f}; timing the "
+                      "two benchmarks in paired rounds")
+            a = make_executor(cand, target.device, seed=seed, allow_ops=allow_ops)
+            b = make_executor(basep, target.device, seed=seed, allow_ops=allow_ops)
+            a.run_iteration(probe=True)
+            b.run_iteration(probe=True)
+            p = paired_rounds(a.run_iteration, b.run_iteration, device=target.device, sync=sync,
+                              half_width=half_width, time_cap_s=time_cap, min_rounds=iters, progress=prog.note)
+            routes = (routing_summary(cand, a), routing_summary(basep, b))
+            used_threads = torch.get_num_threads()
+    finally:
+        if torch.get_num_threads() != before:
+            torch.set_num_threads(before)
+    subject = f"{subject_of(cand, source, kind)} [{cand.metadata.get('routing') or 'recorded'} vs " \
+              f"{basep.metadata.get('routing') or 'recorded'}]"
+    info = target.info()
+    res = Results(RunContext(device=target.label, device_name=info.name, torch_version=torch.__version__), "replay")
+    repro = (f"mystique replay {show(source)} --against {show(base)} -o OUT --device {device} --seed {seed}"
+             + (f" --threads {threads}" if threads is not None else ""))
+    replayed_ok = all(r is not None and r["replayed_equals_planned"] for r in routes)
+    summary = rows(res, subject, pred, p.b_median_ms / 1e3, p.ratio, *p.interval, rounds=p.rounds,
+                   threads=used_threads, load=(p.loadavg_start, p.loadavg_end),
+                   replayed_ok=replayed_ok, repro=repro)
+    summary.update(source=show(source), against=show(base), sites=[s.__dict__ for s in ss],
+                   points=[{"layout": k[0], "dims": list(k[1]), "dtype": k[2], "n": k[3], "median_us": v.median_s * 1e6,
+                            "low_us": v.low_s * 1e6, "high_us": v.high_s * 1e6} for k, v in sorted(points.items())],
+                   timing={**p.summary(), **threads_note}, routing=list(routes))
+    with staged_output_dir(out_dir, force) as stage:
+        write_csv(res.frame(), stage / "results.csv")
+        atomic_write_text(stage / "routing_skew.json", json.dumps(summary, indent=1, default=str) + "\n")
+    return summary, res.frame()
+
+
+def rows(res: Results, subject: str, pred: routing_cost.Prediction, base_s: float, ratio: float, low: float,
+         high: float, *, rounds: int, threads: int | None, load: Any, replayed_ok: bool, repro: str) -> dict[str, Any]:
+    """The three rows (module docstring) from the prediction and the paired ratio; the summary's figures."""
+    pr, plo, phi = pred.ratio(base_s)
+    res.add("routing_skew_predicted_ratio", subject, "ratio", pr, low=plo, high=phi, status="info",
+            detail=f"predicted change {pred.delta_s * 1e3:+.3f} ms ± {pred.uncertainty_s * 1e3:.3f} ms (sum over "
+                   f"{pred.terms} expert groups whose load moved of t(n_new) - t(n_base), each t the median of the "
+                   f"grouped GEMM timed alone here at that group size, {pred.points} sizes, {threads} thread(s); ± the "
+                   f"linear sum of their 95% half-widths) over the base benchmark's median step {base_s * 1e3:.3f} ms; "
+                   "predicted before the benchmarks were timed")
+    res.add("routing_skew_measured_ratio", subject, "ratio", ratio, low=low, high=high, status="info",
+            detail=f"median paired ratio benchmark / base of {rounds} ABBA rounds in this process, 95% interval "
+                   f"[{low:.4f}, {high:.4f}]; load average {load[0]} -> {load[1]}")
+    err, elo, ehi = ratio - pr, low - phi, high - plo
+    status = routing_cost.verdict(plo, phi, low, high) if replayed_ok else "error"
+    why = ("" if replayed_ok else "a side's replayed tokens per expert differ from its planned ones: the comparison "
+           "is not the one planned; ")
+    res.add("routing_skew_prediction_error", subject, "ratio_difference", err, low=elo, high=ehi, threshold=0.0,
+            status=status,
+            detail=f"{why}measured - predicted ratio {err:+.4f}, interval [{elo:+.4f}, {ehi:+.4f}] (measured "
+                   f"[{low:.4f}, {high:.4f}] against predicted [{plo:.4f}, {phi:.4f}]); fail when the two 95% "
+                   "intervals are disjoint (the step moved otherwise than its expert loads predict, beyond the "
+                   "measurement's and the model's uncertainty: no tolerance is added), pass when they overlap and "
+                   "the measurement resolves a predicted change's direction, else inconclusive; the model leaves "
+                   "out the step's context (operands cold in cache in the step, hot when timed alone)"
+                   + ("" if status == "pass" else f"; reproduce: {repro}"))
+    return {"predicted_ratio": pr, "predicted_low": plo, "predicted_high": phi, "predicted_delta_ms": pred.delta_s * 1e3,
+            "predicted_uncertainty_ms": pred.uncertainty_s * 1e3, "base_step_ms": base_s * 1e3, "measured_ratio": ratio,
+            "measured_low": low, "measured_high": high, "rounds": rounds, "verdict": status, "threads": threads}
+
+
+__all__ = ["replay_against", "rows"]

@@ -1,0 +1,108 @@
+"""A routing change's predicted effect against its measured one (issue 34): ``replay BENCH --against
+BASE``. The model (mystique.replay.routing_cost) and the check are tested on synthetic numbers; the
+real timing is in docs/results/replay_llama4_routing_skew/."""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import pytest
+
+from mystique.replay import routing_cost as rc
+from mystique.replay.against import rows
+from mystique.results import Results, RunContext
+
+
+def _plan(loads_per_site, shapes=((1024, 256), (8, 256, 512))):
+    """A plan-like object: one grouped GEMM per site, its offs pinned to the cumulative loads."""
+    tensors = [{"id": 0, "shape": list(shapes[0]), "dtype": "float32", "storage": 0},
+               {"id": 1, "shape": list(shapes[1]), "dtype": "float32", "storage": 1}]
+    storages = [{"id": 0, "recipe": {}}, {"id": 1, "recipe": {}}]
+    ops, pins_ = [], []
+    for i, ls in enumerate(loads_per_site):
+        ends = [sum(ls[:j + 1]) for j in range(len(ls))]
+        tid, sid = len(tensors), len(storages)
+        tensors.append({"id": tid, "shape": [len(ls)], "dtype": "int32", "storage": sid})
+        storages.append({"id": sid, "recipe": {"kind": "values", "values": ends}})
+        ops.append({"node_id": 100 + i, "name": "aten::_grouped_mm", "args": [{"t": 0}, {"t": 1}, {"t": tid}]})
+        pins_.append({"node_id": 100 + i, "op": "aten::_grouped_mm", "arg": "offs", "tensor": tid, "recorded": ends})
+    return SimpleNamespace(ops=ops, metadata={"pins": pins_}, data={"tensors": tensors, "storages": storages})
+
+
+def test_sites_pair_the_grouped_gemms_and_refuse_other_totals():
+    cand, base = _plan([[6, 1, 1, 0]] * 2), _plan([[2, 2, 2, 2]] * 2)
+    ss = rc.sites(cand, base)
+    assert len(ss) == 2 and ss[0].layout == "rows" and ss[0].dims == (256, 512)
+    assert ss[0].candidate == (6, 1, 1, 0) and ss[0].base == (2, 2, 2, 2)
+    assert rc.needed(ss) == {("rows", (256, 512), "float32", n) for n in (0, 1, 2, 6)}
+    with pytest.raises(ValueError, match="keeps each layer's total"):
+        rc.sites(_plan([[6, 1, 1, 1]]), _plan([[2, 2, 2, 2]]))
+    with pytest.raises(ValueError, match="ops"):
+        rc.sites(_plan([[8]] * 2), _plan([[8]]))
+    # a weight gradient (K, T) @ (T, N) and an input gradient's (E, M, K) @ (K, T)
+    assert rc._layout([256, 1024], [1024, 512]) == ("inner", (256, 512))
+    assert rc._layout([8, 64, 256], [256, 1024]) == ("cols", (64, 256))
+
+
+def test_the_prediction_sums_the_group_times_that_move_with_their_uncertainty():
+    ss = rc.sites(_plan([[6, 1, 1, 0]] * 2), _plan([[2, 2, 2, 2]] * 2))
+    # a cost curve with a fixed per-group cost: t(n) = 10 + 3 n us, each point known to +-0.5 us
+    pts = {("rows", (256, 512), "float32", n): rc.Point((10 + 3 * n) * 1e-6, (9.5 + 3 * n) * 1e-6, (10.5 + 3 * n) * 1e-6)
+           for n in (0, 1, 2, 6)}
+    p = rc.predict(ss, pts)
+    # per site: t(6)+t(1)+t(1)+t(0) - 4 t(2) = (28+13+13+10) - 4*16 = 0: a linear cost moves nothing
+    assert p.delta_s == pytest.approx(0.0, abs=1e-12) and p.terms == 8 and p.points == 4
+    assert p.uncertainty_s == pytest.approx(8 * 1e-6)  # 8 moved groups, each two points of +-0.5 us
+    # a cost with a floor (small groups as dear as a block of 4): skew saves time
+    pts = {k: rc.Point(v, v, v) for k, v in ((("rows", (256, 512), "float32", n), max(n, 4) * 1e-6)
+                                             for n in (0, 1, 2, 6))}
+    p = rc.predict(ss, pts)
+    assert p.delta_s == pytest.approx(2 * ((6 + 4 + 4 + 4) - 4 * 4) * 1e-6)
+    r, lo, hi = p.ratio(1e-3)
+    assert r == pytest.approx(1.004) and lo == hi == r
+    assert all(math.isnan(x) for x in p.ratio(0.0))
+
+
+@pytest.mark.parametrize("pred, meas, want", [
+    ((1.10, 1.20), (1.12, 1.18), "pass"),  # inside: the amount and the direction
+    ((1.10, 1.20), (1.01, 1.05), "fail"),  # the right direction, not the predicted amount
+    ((1.10, 1.20), (0.90, 0.95), "fail"),  # the wrong direction
+    ((1.10, 1.20), (0.98, 1.15), "inconclusive"),  # overlaps, but a change is not resolved
+    ((0.98, 1.01), (0.99, 1.00), "pass"),  # no change predicted and none seen
+    ((0.80, 0.90), (0.85, 0.95), "pass"),
+    ((0.80, 0.90), (0.85, 1.02), "inconclusive"),
+    ((math.nan, 1.0), (0.9, 1.1), "inconclusive"),
+])
+def test_verdict_from_the_two_intervals(pred, meas, want):
+    assert rc.verdict(*pred, *meas) == want
+
+
+def _rows(measured, replayed_ok=True):
+    res = Results(RunContext(device="cpu", device_name="test", torch_version="x"), "replay")
+    pred = rc.Prediction(delta_s=10e-3, uncertainty_s=1e-3, terms=8, points=4)  # +10 ms +-1 on a 100 ms step
+    s = rows(res, "llama4/small/infer [skewed:4 vs uniform]", pred, 0.1, *measured, rounds=40, threads=1,
+             load=([1.0], [1.0]), replayed_ok=replayed_ok, repro="mystique replay B --against A -o OUT")
+    return s, {r["check"]: r for r in res.rows}
+
+
+def test_the_check_fails_when_the_step_moves_otherwise_than_predicted():
+    s, r = _rows((1.02, 1.01, 1.03))  # measured +2%, predicted +10% +-1%
+    row = r["routing_skew_prediction_error"]
+    assert row["status"] == "fail" and s["verdict"] == "fail"
+    assert row["value"] == pytest.approx(-0.08) and row["low"] == pytest.approx(1.01 - 1.11)
+    assert "disjoint" in row["detail"] and "reproduce: mystique replay B --against A" in row["detail"]
+    assert r["routing_skew_predicted_ratio"]["status"] == "info"
+    assert r["routing_skew_predicted_ratio"]["low"] == pytest.approx(1.09)
+    _, r = _rows((1.10, 1.095, 1.105))
+    assert r["routing_skew_prediction_error"]["status"] == "pass"
+    _, r = _rows((1.10, 1.095, 1.105), replayed_ok=False)
+    assert r["routing_skew_prediction_error"]["status"] == "error"
+
+
+def test_against_refuses_options_it_cannot_honour(cli_run, tmp_path):
+    from mystique.cli import main
+
+    code = main(["-q", "replay", str(tmp_path), "--against", str(tmp_path), "-o", str(tmp_path / "o"),
+                 "--pacing", "recorded"])
+    assert code == 2
