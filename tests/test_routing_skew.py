@@ -106,3 +106,23 @@ def test_against_refuses_options_it_cannot_honour(cli_run, tmp_path):
     code = main(["-q", "replay", str(tmp_path), "--against", str(tmp_path), "-o", str(tmp_path / "o"),
                  "--pacing", "recorded"])
     assert code == 2
+
+
+@pytest.mark.slow
+def test_against_predicts_then_measures_two_routings_of_one_capture(tmp_path, cli_run):
+    """End to end on a Llama 4 debug capture: the rows, the replayed loads as planned (not ``error``)."""
+    import json
+
+    from mystique.capture import capture
+
+    capture("llama4", tmp_path / "cap", config="debug", mode="train", steps=1, warmup=0)
+    for r in ("uniform", "skewed:4"):
+        code, _, _ = cli_run("-q", "generate", str(tmp_path / "cap"), "-o", str(tmp_path / r), "--routing", r)
+        assert code == 0
+    code, out, _ = cli_run("-q", "replay", str(tmp_path / "skewed:4"), "--against", str(tmp_path / "uniform"),
+                           "-o", str(tmp_path / "o"), "--time-cap", "5")
+    assert code in (0, 1, 4) and "predicted ratio" in out
+    s = json.loads((tmp_path / "o" / "routing_skew.json").read_text())
+    assert s["verdict"] in ("pass", "fail", "inconclusive") and len(s["sites"]) == 12
+    assert all(r["replayed_equals_planned"] for r in s["routing"])
+    assert s["predicted_low"] <= s["predicted_ratio"] <= s["predicted_high"]
