@@ -136,9 +136,30 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     return max(1, min(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))
 
 
+def _share_the_cores(config: pytest.Config) -> None:
+    """An xdist worker takes its share of the CPUs for torch's intra-op threads (and, through
+    ``OMP_NUM_THREADS``, for the CLI subprocesses it starts): two workers each running torch on every
+    core oversubscribe them, and OpenMP's spinning threads then slow both (2 cores, 2 workers: the default
+    run took 303 s with torch's default threads, 119 s with one each). The serial run keeps torch's default."""
+    import os
+
+    if getattr(config, "workerinput", None) is None:
+        return
+    import torch
+
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    share = max(1, cpus // max(workers, 1))
+    torch.set_num_threads(share)
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(var, str(share))
+
+
 # --- issue #30, every check can fail: note the results rows the product writes during each test
 # (tests/check_recorder.py) and hold the session to tests/check_reproducers.py at its end ---
 def pytest_configure(config: pytest.Config) -> None:
     import check_recorder
+
+    _share_the_cores(config)
 
     check_recorder.register(config)
