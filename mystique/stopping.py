@@ -150,8 +150,14 @@ class Stopper:
     statistics: Mapping[str, tuple[Interval, float]]
     stop_on_fail: bool = False
     late_pass: frozenset[str] = frozenset()
+    #: a statistic that needs more rounds than the plan's ``min_decisive`` to decide (a bootstrap of a
+    #: handful of heavy-tailed rounds undercovers; the median's order-statistic interval does not)
+    min_rounds: Mapping[str, int] = field(default_factory=dict)
     history: list[Look] = field(default_factory=list)
     stop: str = ""
+
+    def _needs(self, name: str) -> int:
+        return max(self.plan.min_decisive, self.min_rounds.get(name, 0))
 
     def look(self, rounds: int, seconds: float) -> Look:
         level = self.plan.look_level
@@ -159,18 +165,19 @@ class Stopper:
         for name, (interval, limit) in self.statistics.items():
             lo, hi = interval(level)
             intervals[name] = (lo, hi)
-            verdicts[name] = above_limit_verdict(lo, hi, limit) if rounds >= self.plan.min_decisive else "inconclusive"
+            verdicts[name] = above_limit_verdict(lo, hi, limit) if rounds >= self._needs(name) else "inconclusive"
         got = Look(rounds, seconds, intervals, verdicts)
         self.history.append(got)
         return got
 
     def after_round(self, rounds: int, seconds: float) -> str | None:
-        if self.plan.by_time:
+        needs = max([self.plan.min_decisive, *(self._needs(n) for n in self.statistics)])
+        if self.plan.by_time:  # a look due by time waits for the rounds every statistic needs
             due = [t for t in self.plan.times if t <= seconds]
-            at_checkpoint = len(due) > len(self.history) and rounds >= self.plan.min_decisive
+            at_checkpoint = len(due) > len(self.history) and rounds >= needs
         else:
             at_checkpoint = rounds in self.plan.checkpoints
-        at_cap = seconds >= self.plan.time_cap_s and (rounds >= min(self.plan.min_decisive, self.plan.max_rounds)
+        at_cap = seconds >= self.plan.time_cap_s and (rounds >= min(needs, self.plan.max_rounds)
                                                       or (self.plan.by_time and seconds >= 2 * self.plan.time_cap_s))
         if not (at_checkpoint or at_cap):
             return None

@@ -150,6 +150,38 @@ def test_a_straggler_is_caught_at_the_first_look_and_a_clean_mode_passes_only_at
     assert "after 60 rounds" in df.iloc[0]["detail"]  # the mean's pass waits for the last look: the cap
 
 
+def test_a_slow_step_whose_budget_holds_eight_rounds_fails_on_the_median(fake_step, monkeypatch):
+    """Found by the slow suite: a 3x throttled step held 8 rounds in its budget, every ratio near 3, and both
+    rows were undecided because 24 rounds were asked of both. The median's order-statistic interval decides
+    from 7 rounds at 98.33%; only the bootstrap of the summed times waits for 24 (it stays undecided)."""
+    from mystique import timing
+
+    budget = float(perf.LEVELS["quick"]["mode_budget_s"])
+    step_s = budget / 8  # the rounds' own time cap ends them after 8 rounds
+
+    def paired_rounds(a, b, *, decide, time_cap_s, **kwargs):
+        out = timing.Paired(warmup_rounds=2, warmup_s=0.05, warmup_settled=True)
+        i = 0
+        while step_s * i < time_cap_s:
+            x, y = 3.0 * _jitter(i), _jitter(i + 1)
+            out.a_ms.append(x)
+            out.b_ms.append(y)
+            out.a_wall_ms.append(x)
+            out.b_wall_ms.append(y)
+            i += 1
+            if decide(out, step_s * i):
+                break
+        out.stop = "time cap"
+        out.seconds = 0.05 + step_s * out.rounds
+        return out
+
+    monkeypatch.setattr(paired, "paired_rounds", paired_rounds)
+    df = perf.run(make_target("cpu", "throttle"), level="quick", groups=["mode"])
+    v = dict(zip(df["check"], df["status"]))
+    assert v == {"mode_slowdown": "fail", "mode_mean_slowdown": "inconclusive"}, df["detail"].tolist()
+    assert "after 8 rounds" in df.iloc[0]["detail"]
+
+
 def test_a_marginal_mode_runs_the_whole_budget_and_stays_undecided(fake_step, monkeypatch):
     rounds, _ = _deciding_rounds(lambda i: (1.05 * _jitter(i), _jitter(i + 1)), 10.0)
     monkeypatch.setattr(paired, "paired_rounds", rounds)

@@ -43,9 +43,11 @@ from .stats import BOOTSTRAP, bootstrap_sum_ratio
 
 #: a half-width no interval reaches: the paired rounds stop by the adaptive stop (or their time cap) only
 RUN_WHOLE_BUDGET = 1e-12
-#: the fewest rounds a look decides with: the median's interval at 98.33% needs 7 (0.5^7 <= 0.0083), the
-#: bootstrap of the summed times more: on a host so busy that 6 s hold 9 rounds, a 9-round bootstrap passed a
-#: throttled device (0.87 [0.70, 0.98]); fewer rounds leave both rows undecided
+#: the fewest rounds the bootstrap of the summed times decides with: on a host so busy that 6 s hold 9
+#: rounds, a 9-round bootstrap passed a throttled device (0.87 [0.70, 0.98]); fewer rounds leave that row
+#: undecided. The median's interval is distribution-free (order statistics of the paired ratios) and
+#: decides from 7 rounds at 98.33% (0.5^7 <= 0.0083): a 3x throttled step whose 1 s budget holds 8 rounds,
+#: every ratio near 3, fails on the median (it was undecided when 24 rounds were asked of both rows)
 MIN_FIRST = 24
 #: looks of the mode item: at a quarter, half and all of the budget (98.33% intervals)
 MODE_LOOKS = 3
@@ -53,11 +55,11 @@ MODE_LOOKS = 3
 
 def mode_stopper(p: Paired, seconds: float, limit: float, seed: int) -> Stopper:
     """The adaptive stop of both rows over the growing rounds ``p``."""
-    looks = Looks(first=MIN_FIRST, time_cap_s=seconds, looks=MODE_LOOKS, by_time=True, min_rounds=MIN_FIRST)
+    looks = Looks(first=MIN_FIRST, time_cap_s=seconds, looks=MODE_LOOKS, by_time=True)
     return Stopper(looks, {
         "mode_slowdown": (lambda level: median_interval(p.ratios, level), limit),
         "mode_mean_slowdown": (lambda level: bootstrap_sum_ratio(p.a_ms, p.b_ms, seed, level), limit),
-    }, late_pass=frozenset({"mode_mean_slowdown"}))
+    }, late_pass=frozenset({"mode_mean_slowdown"}), min_rounds={"mode_mean_slowdown": MIN_FIRST})
 
 
 def run_paired(ctx: PerformanceContext, subject: str, executor: Any, seconds: float) -> None:
