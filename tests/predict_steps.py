@@ -9,21 +9,9 @@ import torch
 
 def hf_gpt2_train():
     """A `transformers` GPT-2 training step (4 layers, width 256, 4 x 128 tokens; random weights)."""
-    from transformers import GPT2Config, GPT2LMHeadModel
+    from user_steps import gpt2_train_step
 
-    torch.manual_seed(0)
-    cfg = GPT2Config(n_layer=4, n_head=4, n_embd=256, vocab_size=2048, n_positions=128)
-    model = GPT2LMHeadModel(cfg)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    ids = torch.randint(0, cfg.vocab_size, (4, 128))
-
-    def step():
-        out = model(input_ids=ids, labels=ids)
-        out.loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-
-    return step
+    return gpt2_train_step((4, 128), n_layer=4, n_head=4, n_embd=256, vocab_size=2048, n_positions=128)
 
 
 def hf_bert_infer():

@@ -25,13 +25,19 @@ def tiny_mlp():
 
 def hf_gpt2_train():
     """A `transformers` GPT-2 (random weights, tiny config) training step: a model we did not write."""
+    return gpt2_train_step((2, 16), n_layer=2, n_head=2, n_embd=32, vocab_size=101, n_positions=32)
+
+
+def gpt2_train_step(tokens: tuple[int, int], **config):
+    """A `transformers` GPT-2 training step of ``GPT2Config(**config)`` (random weights, seed 0) on a
+    ``tokens`` = (batch, sequence) batch of random ids."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
     torch.manual_seed(0)
-    cfg = GPT2Config(n_layer=2, n_head=2, n_embd=32, vocab_size=101, n_positions=32)
+    cfg = GPT2Config(**config)
     model = GPT2LMHeadModel(cfg)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    ids = torch.randint(0, cfg.vocab_size, (2, 16))
+    ids = torch.randint(0, cfg.vocab_size, tokens)
 
     def step():
         out = model(input_ids=ids, labels=ids)

@@ -139,15 +139,20 @@ def capture_measured(capture: dict[str, Any] | None) -> Measured | None:
     process right before it recorded one), as the median of its steps with that median's interval."""
     st = (capture or {}).get("step_time")
     times = st.get("times_ms") if isinstance(st, dict) else None
+    return _median_of(times, lambda n: f"median of the {n} uninstrumented steps the capture timed before "
+                                       f"recording one (after {st.get('warmup', '?')} warm-up steps)")
+
+
+def _median_of(times: Any, why: Callable[[int], str]) -> Measured | None:
+    """The median of a recorded list of step times with its interval; None unless every entry is a
+    positive finite number (``why(n)`` says where the n times came from)."""
     if not isinstance(times, list):
         return None
     xs = [float(x) for x in times if isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x > 0]
     if not xs or len(xs) != len(times):
         return None
     lo, hi = median_interval(xs)
-    return Measured(statistics.median(xs), lo, hi, xs,
-                    f"median of the {len(xs)} uninstrumented steps the capture timed before recording one "
-                    f"(after {st.get('warmup', '?')} warm-up steps)")
+    return Measured(statistics.median(xs), lo, hi, xs, why(len(xs)))
 
 
 def replay_measured(ops_csv: str | None) -> Measured | None:
@@ -167,14 +172,8 @@ def replay_measured(ops_csv: str | None) -> Measured | None:
     except (OSError, ValueError, RecursionError):
         return None
     times = (doc.get("timing") or {}).get("replay_ms") if isinstance(doc, dict) and isinstance(doc.get("timing"), dict) else None
-    if not isinstance(times, list):
-        return None
-    xs = [float(x) for x in times if isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x > 0]
-    if not xs or len(xs) != len(times):
-        return None
-    lo, hi = median_interval(xs)
-    return Measured(statistics.median(xs), lo, hi, xs,
-                    f"median of the {len(xs)} whole iterations its replay timed ({p.parent.name}/summary.json)")
+    return _median_of(times, lambda n: f"median of the {n} whole iterations its replay timed "
+                                       f"({p.parent.name}/summary.json)")
 
 
 def error_interval(predicted: float, m: Measured) -> tuple[float, float, float]:

@@ -25,6 +25,8 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from mystique.stopping import above_limit_verdict
+
 LEVEL = 0.95
 MAD_SCALE = 1.4826  # MAD x this estimates the standard deviation of a normal sample
 BOOTSTRAP = 2000
@@ -136,16 +138,9 @@ def expected_max(samples: Sequence[float], n: int) -> float:
     return total
 
 
-def slowdown_verdict(lo: float, hi: float, limit: float) -> str:
-    """``fail`` when the slowdown interval ``[lo, hi]`` lies wholly above ``limit`` (slower with
-    confidence), ``pass`` when it lies at or below it, ``inconclusive`` when it straddles it."""
-    if not (math.isfinite(lo) and math.isfinite(hi) and math.isfinite(limit)):
-        return "inconclusive"
-    if lo > limit:
-        return "fail"
-    if hi <= limit:
-        return "pass"
-    return "inconclusive"
+#: ``fail`` when the slowdown interval ``[lo, hi]`` lies wholly above ``limit`` (slower with confidence),
+#: ``pass`` when it lies at or below it, ``inconclusive`` when it straddles it: the adaptive stop's rule
+slowdown_verdict = above_limit_verdict
 
 
 def bootstrap_sum_ratio(a: Sequence[float], b: Sequence[float], seed: int, level: float = LEVEL) -> tuple[float, float]:
