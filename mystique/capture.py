@@ -42,6 +42,7 @@ from torch.profiler import ExecutionTraceObserver, ProfilerActivity, profile, sc
 from . import workloads
 from .errors import EnvironmentUnsupported, UsageError
 from .io import atomic_write_text, check_output_dir, staged_output_dir
+from .placement import check_policy, parse_policy, placed, placement_words
 from .progress import Progress
 from .refs import import_callable
 from .results import Results, RunContext, utc_now, write_csv
@@ -69,13 +70,15 @@ class CaptureOptions:
     steps: int = 5
     warmup: int = 2
     seed: int = 0
+    cpu_affinity: str = "none"  # where the timed steps' threads run (mystique.placement)
 
     def check(self) -> None:
-        """UsageError for an unknown mode or too few steps."""
+        """UsageError for an unknown mode, too few steps or a bad ``cpu_affinity``."""
         if self.mode not in ("train", "infer"):
             raise UsageError(f"unknown mode {self.mode!r}; expected train or infer")
         if self.steps < 1 or self.warmup < 0:
             raise UsageError("--steps must be at least 1 and --warmup at least 0")
+        check_policy(self.cpu_affinity)
 
 
 def workload_step(target: str, *, config: str, mode: str, device: str, dtype: str, seed: int) -> tuple[Any, dict[str, Any]]:
@@ -326,7 +329,9 @@ def capture(target_name: str, out_dir: str | os.PathLike, *, force: bool = False
     """Capture TARGET into ``out_dir`` (see the module docstring); returns the folder.
 
     ``options``: the fields of :class:`CaptureOptions` (``config``, ``mode``, ``device``, ``dtype``,
-    ``steps``, ``warmup``, ``seed``); ``force`` replaces an existing output folder's files.
+    ``steps``, ``warmup``, ``seed``, ``cpu_affinity``: where the timed steps' threads run, see
+    :mod:`mystique.placement`, kept in capture.json's ``cpu_placement``); ``force`` replaces an existing
+    output folder's files.
     """
     o = CaptureOptions(**options)
     o.check()
@@ -337,7 +342,8 @@ def capture(target_name: str, out_dir: str | os.PathLike, *, force: bool = False
     step, described = resolve_step(target_name, config=o.config, mode=o.mode, device=o.device, dtype=o.dtype,
                                    seed=o.seed)
     progress.note(f"timing {o.steps} uninstrumented steps after {o.warmup} warm-up")
-    timing = time_step(step, target, warmup=o.warmup, iters=o.steps, progress=progress)
+    with placed(parse_policy(o.cpu_affinity), o.device) as pl:
+        timing = time_step(step, target, warmup=o.warmup, iters=o.steps, progress=progress)
     progress.note(f"step median {timing['median_ms']:.2f} ms; recording one step")
     info = target.info()
     ctx = RunContext(device=o.device, device_name=info.name, torch_version=torch.__version__)
@@ -345,12 +351,18 @@ def capture(target_name: str, out_dir: str | os.PathLike, *, force: bool = False
         record_step(step, target, stage / TRACE_FILE, stage / KINETO_FILE, stage / PACING_FILE)
         counts = trace_counts(stage / TRACE_FILE)
         meta = capture_meta(target_name, described, o.device, info.name, o.dtype, o.seed, timing, counts)
+        meta["cpu_placement"] = pl.record
         atomic_write_text(stage / CAPTURE_FILE, json.dumps(meta, indent=2, default=str) + "\n")
         repro = (f"mystique capture {target_name} -o OUT --config {o.config} --mode {o.mode} --device {o.device} "
-                 f"--dtype {o.dtype} --steps {o.steps} --warmup {o.warmup} --seed {o.seed}")
+                 f"--dtype {o.dtype} --steps {o.steps} --warmup {o.warmup} --seed {o.seed}"
+                 + (f" --cpu-affinity {o.cpu_affinity}" if o.cpu_affinity != "none" else ""))
         subject = f"{target_name}/{o.config}/{o.mode}" if described["kind"] == "workload" else target_name
         res = Results(ctx, "capture")
         _add_rows(res, subject, meta["dtype"] or "", timing, counts, o, f"; reproduce: {repro}")
+        res.add("cpu_placement", subject, "main_cpu", pl.record["main_cpu"] if pl.record["applied"] else None,
+                status="info", dtype=meta["dtype"] or "",
+                detail=f"the timed steps: {placement_words(pl.record)}; allowed CPUs "
+                       f"{pl.record['allowed_cpus'] or 'unknown'}; reproduce: {repro}")
         write_csv(res.frame(), stage / "results.csv")
     progress.note(f"wrote {out_dir} ({counts['nodes']} ET nodes, {counts['aten_ops']} aten ops)")
     return Path(out_dir)

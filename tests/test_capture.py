@@ -44,10 +44,11 @@ def test_user_step_capture_writes_the_trace_dir(tmp_path):
     et_rf = {a["value"] for n in et["nodes"] for a in n.get("attrs", []) if a["name"] == "rf_id"}
     assert len(kin_rf & et_rf) > 10
     df = results.read_csv(out / "results.csv")
-    assert set(df["check"]) == {"uninstrumented_step_time", "original_step_spread", "trace_recorded"}
+    assert set(df["check"]) == {"uninstrumented_step_time", "original_step_spread", "trace_recorded", "cpu_placement"}
     status = dict(zip(df["check"], df["status"]))
     assert status == {"uninstrumented_step_time": "info", "original_step_spread": "info",
-                      "trace_recorded": "pass"}  # a time and its spread are measurements
+                      "trace_recorded": "pass", "cpu_placement": "info"}  # a time and its spread are measurements
+    assert meta["cpu_placement"]["policy"] == "none"  # where the timed steps ran: as launched, by default
     flagged = df.set_index("check").loc["original_step_spread", "detail"].startswith("TOO NOISY")
     assert flagged == st["too_noisy"]  # the row agrees with capture.json
     cmd = "reproduce: mystique capture user_steps:tiny_mlp -o OUT --config debug --mode train --device cpu"

@@ -26,13 +26,18 @@ from .group import cli
               help="How a multi-rank capture trains a built-in workload.")
 @click.option("--backend", default=None, type=click.Choice(("gloo", "nccl")),
               help="Process-group backend of a multi-rank capture (default: nccl on cuda, else gloo).")
+@options.cpu_affinity
 def capture_cmd(target_name, output, config, mode, device, dtype, steps, warmup, seed, force,
-                nproc, parallel, backend) -> int:
+                nproc, parallel, backend, cpu_affinity) -> int:
     """Capture TARGET (llama | dlrm | bert | package.module:function) into a trace folder."""
     from ..capture import capture
     from ..distributed import torchrun_env
 
     if nproc or torchrun_env():  # scale-out: one trace dir per rank (mystique.distributed)
+        if cpu_affinity != "none":
+            from ..errors import UsageError
+
+            raise UsageError("--cpu-affinity applies to a single-process capture")
         from ..distributed import capture_distributed
 
         capture_distributed(target_name, output, nproc=nproc, parallel=parallel, backend=backend, config=config,
@@ -40,5 +45,5 @@ def capture_cmd(target_name, output, config, mode, device, dtype, steps, warmup,
                             force=force)
         return 0
     capture(target_name, output, config=config, mode=mode, device=device, dtype=dtype,
-            steps=steps, warmup=warmup, seed=seed, force=force)
+            steps=steps, warmup=warmup, seed=seed, force=force, cpu_affinity=cpu_affinity)
     return 0

@@ -30,6 +30,7 @@ from .group import cli
 @options.time_cap(60.0)
 @options.pacing
 @options.threads
+@options.cpu_affinity
 @options.allow_ops
 @click.option("--original", default=None, metavar="MODULE:FUNCTION",
               help="The captured step to time the replay against (paired), when it is a package.module:function "
@@ -37,7 +38,7 @@ from .group import cli
               "built-in workload is rebuilt from its name).")
 @options.against
 def replay_cmd(source, output, device, iters, warmup, iteration, seed, force, timeout, world_size, backend,
-               timing, half_width, time_cap, pacing, threads, allow_ops, original, against) -> int:
+               timing, half_width, time_cap, pacing, threads, cpu_affinity, allow_ops, original, against) -> int:
     """Replay BENCH_OR_TRACE (benchmark dir, benchmark.json, trace dir or ET file) with synthetic data.
 
     Writes OUT_DIR/ops.csv, OUT_DIR/summary.json and OUT_DIR/results.csv. Where the captured step
@@ -60,6 +61,11 @@ def replay_cmd(source, output, device, iters, warmup, iteration, seed, force, ti
     from .. import results
     from ..distributed import find_rank_sources
 
+    if cpu_affinity != "none" and (against is not None or world_size or find_rank_sources(source) is not None):
+        from ..errors import UsageError
+
+        raise UsageError("--cpu-affinity applies to a single-process replay of one benchmark (not with --against "
+                         "or a multi-rank replay)")
     if against is not None:
         return _against(source, against, output, device, iters, seed, force, world_size, timing, half_width,
                         time_cap, pacing, threads, allow_ops, original)
@@ -90,7 +96,8 @@ def replay_cmd(source, output, device, iters, warmup, iteration, seed, force, ti
 
     summary, df = replay(source, output, device=device, iters=iters, warmup=warmup, iteration=iteration,
                          force=force, seed=seed, timing=timing, half_width=half_width, time_cap=time_cap,
-                         pacing=pacing, threads=threads, allow_ops=allow_ops, original=original)
+                         pacing=pacing, threads=threads, allow_ops=allow_ops, original=original,
+                         cpu_affinity=cpu_affinity)
     click.echo(
         f"{summary['ops_replayed']}/{summary['ops_total']} ops replayed (coverage {summary['coverage']:.3f}); "
         f"step {summary['replay_step_ms']:.3f} ms{ratio_words(summary)}; results in {output}"

@@ -89,6 +89,14 @@ threads = click.option(
     "step's, capped at the cores available; paired timing uses fewer when other processes keep cores busy. "
     "0: torch's own setting.",
 )
+cpu_affinity = click.option(
+    "--cpu-affinity", "cpu_affinity", default="none", show_default=True, metavar="none|auto|LIST",
+    help="Where this process's threads run while the step is timed. none: as launched (the scheduler places "
+    "them); auto: the timing (main) thread on one core chosen the same way in every process (near the device, "
+    "not CPU 0), every other thread on the other cores; LIST (e.g. 3 or 2,4-7): the main thread on the first "
+    "CPU, the others on the rest. Recorded in summary.json (timing.cpu_placement) or capture.json "
+    "(cpu_placement), and in results.csv (cpu_placement).",
+)
 allow_ops = click.option(
     "--allow-ops", "allow_ops", multiple=True, metavar="PATTERN",
     help="Also replay the operators matching PATTERN (fnmatch on ns::name, e.g. 'mylib::*'; repeatable). Operators "

@@ -113,7 +113,8 @@ def rebuild_original(plan: Plan, device: str, timing: str, collective_handler: C
 def measure_paired(e: Executor, step: Callable[[], Any], device: str, *, half_width: float,
                    time_cap_s: float, min_rounds: int, min_warmup: int,
                    progress: Callable[[str], None] | None = None,
-                   threads_note: dict[str, Any] | None = None) -> Paired:
+                   threads_note: dict[str, Any] | None = None,
+                   between: Callable[[], Any] | None = None) -> Paired:
     """Alternate the replay (``a``) and the original step (``b``) in ABBA rounds (see module doc).
 
     Both sides are timed between device synchronisations (CUDA events on a GPU, wall time beside);
@@ -121,7 +122,8 @@ def measure_paired(e: Executor, step: Callable[[], Any], device: str, *, half_wi
     other's memory. On the CPU with the thread count chosen here (``threads_note`` from
     :func:`busy_host_threads`, not asked for), the host is watched between rounds: when other
     processes come to keep cores busy that these threads need, the rounds start again (warm-up
-    included) with the free cores' count on both sides; ``threads_note`` records it (``restarts``)."""
+    included) with the free cores' count on both sides; ``threads_note`` records it (``restarts``).
+    ``between``: also called between rounds (the CPU placement's sweep of threads started since)."""
 
     dev = e.device
     watch = None
@@ -132,7 +134,7 @@ def measure_paired(e: Executor, step: Callable[[], Any], device: str, *, half_wi
             return paired_rounds(e.run_iteration, step, device=str(dev), sync=device_sync(dev),
                                  half_width=half_width, time_cap_s=time_cap_s, min_rounds=max(6, min_rounds),
                                  min_warmup=min_warmup, progress=progress,
-                                 between=watch.check if watch is not None else None)
+                                 between=_calls(watch.check if watch is not None else None, between))
         except HostBusy as busy:
             assert threads_note is not None
             cur = torch.get_num_threads()
@@ -148,6 +150,18 @@ def measure_paired(e: Executor, step: Callable[[], Any], device: str, *, half_wi
                 progress(threads_note["threads_reason"])
             # at most two restarts: each costs a warm-up and up to the time cap again
             watch = _HostWatch() if busy.free > 1 and len(threads_note["restarts"]) < 2 else None
+
+
+def _calls(*fns: Callable[[], Any] | None) -> Callable[[], None] | None:
+    """One callable calling each of ``fns`` that is not None, in order; None when all are."""
+    live = [f for f in fns if f is not None]
+    if not live:
+        return None
+
+    def call() -> None:
+        for f in live:
+            f()
+    return call
 
 
 class HostBusy(Exception):

@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from ..placement import placement_words
 from ..results import Results, RunContext
 from .boundness import BASIS_TEXT, BUSY_DEVICE, BUSY_HOST
 from .fidelity import RATIO_HIGH, RATIO_LOW, op_reference, original_op_us, original_step
@@ -63,6 +64,7 @@ def results(summary: dict[str, Any], e: Executor, plan: Plan, device: str, subje
     else:
         _recorded_rows(res, summary, plan, device, subject, target, dtype, iters, warmup, seed)
     _bound_rows(res, summary, device, subject, dtype)
+    placement_row(res, (summary.get("timing") or {}).get("cpu_placement"), subject)
     _op_error_rows(res, summary, plan, device, subject, dtype)
     routing_rows(res, summary.get("routing"), subject)
     # ops with a synthetic result, plus views the executor had to synthesise (each one substitution)
@@ -98,6 +100,17 @@ def routing_rows(res: Any, routing: dict[str, Any] | None, subject: str) -> None
     if routing.get("max_load_ratio") is not None:
         res.add("replay_max_load_ratio", subject, "ratio", float(routing["max_load_ratio"]), status="info",
                 detail="sum over grouped GEMMs of the largest planned expert load / the largest recorded one")
+
+
+def placement_row(res: Any, record: dict[str, Any] | None, subject: str) -> None:
+    """``cpu_placement`` (info): the CPU the timing (main) thread ran on (value; empty when not pinned) and
+    where the other threads ran (``timing.cpu_placement``, :mod:`mystique.placement`)."""
+    if not record:
+        return
+    res.add("cpu_placement", subject, "main_cpu", record.get("main_cpu") if record.get("applied") else None,
+            status="info", detail=f"{placement_words(record)}; --cpu-affinity {record.get('asked')}; allowed CPUs "
+            f"{record.get('allowed_cpus') or 'unknown'}"
+            + (f"; device-local CPUs {record['near_device']}" if record.get("near_device") else ""))
 
 
 def compute_time_share(plan: Plan, status: list[Any]) -> float | None:

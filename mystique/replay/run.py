@@ -24,6 +24,7 @@ import torch
 from ..capture import is_step_target
 from ..errors import EnvironmentUnsupported, UsageError
 from ..io import atomic_write_text, check_output_dir, show, staged_output_dir
+from ..placement import Placed, check_policy, parse_policy, placed
 from ..progress import Progress
 from ..results import write_csv
 from ..targets import make_target
@@ -98,6 +99,7 @@ class _Options:
     allow_ops: Sequence[str]
     collective_handler: CollectiveHandler | None
     original: str | None = None  # --original: the user's package.module:function step to pair with
+    cpu_affinity: str = "none"  # --cpu-affinity: none | auto | a CPU list (mystique.placement)
 
     def check(self) -> None:
         if self.iters < 1 or self.warmup < 0:
@@ -112,6 +114,7 @@ class _Options:
             raise UsageError("--half-width and --time-cap must be positive")
         if self.original is not None and not is_step_target(self.original):
             raise UsageError(f"--original {show(self.original)}: expected package.module:function or a built-in workload")
+        check_policy(self.cpu_affinity)
 
     def reproduce(self, source: Any, device: str) -> str:
         """The command line that reruns this replay."""
@@ -121,14 +124,15 @@ class _Options:
             pacing=self.pacing if self.pacing != "none" else None, threads=self.threads,
             half_width=self.half_width if self.half_width != DEFAULT_HALF_WIDTH else None,
             time_cap=self.time_cap if self.time_cap != DEFAULT_TIME_CAP_S else None, allow_ops=list(self.allow_ops),
-            original=self.original)
+            original=self.original, cpu_affinity=self.cpu_affinity if self.cpu_affinity != "none" else None)
 
 
 def replay(source: str | os.PathLike, out_dir: str | os.PathLike, *, device: str = "cpu", iters: int = 10,
            warmup: int = 3, iteration: int | None = None, force: bool = False, op_iters: int | None = None,
            seed: int = 0, threads: int | None = None, timing: str = "auto", half_width: float = DEFAULT_HALF_WIDTH,
            time_cap: float = DEFAULT_TIME_CAP_S, pacing: str = "none", allow_ops: Sequence[str] = (),
-           collective_handler: CollectiveHandler | None = None, original: str | None = None) -> tuple[dict[str, Any], Any]:
+           collective_handler: CollectiveHandler | None = None, original: str | None = None,
+           cpu_affinity: str = "none") -> tuple[dict[str, Any], Any]:
     """Replay a benchmark dir / ``benchmark.json`` / trace dir / ET file on ``device``.
 
     Runs one untimed probe iteration, then times the replay:
@@ -150,12 +154,13 @@ def replay(source: str | os.PathLike, out_dir: str | os.PathLike, *, device: str
     ``collective_handler`` (a multi-rank replay's collectives; the original step is then not
     rebuilt). ``original``: the ``package.module:function`` step to pair with (``--original``); a
     step the plan names is rebuilt only when it is a built-in workload, never imported (the plan is
-    data). Returns ``(summary, results DataFrame)`` and writes ops.csv, summary.json and
-    results.csv into ``out_dir``.
+    data). ``cpu_affinity``: where this process's threads run while both sides are timed (``none``,
+    ``auto`` or a CPU list, :mod:`mystique.placement`; ``timing.cpu_placement`` records it). Returns
+    ``(summary, results DataFrame)`` and writes ops.csv, summary.json and results.csv into ``out_dir``.
     """
     o = _Options(iters=iters, warmup=warmup, force=force, op_iters=op_iters, seed=seed, timing=timing,
                  half_width=half_width, time_cap=time_cap, pacing=pacing, threads=threads, allow_ops=allow_ops,
-                 collective_handler=collective_handler, original=original)
+                 collective_handler=collective_handler, original=original, cpu_affinity=cpu_affinity)
     o.check()
     check_output_dir(out_dir, force)
     target = make_target(device)
@@ -207,11 +212,15 @@ def _replay(plan: Plan, kind: str, source: str | os.PathLike, out_dir: str | os.
         prog.note(f"probe: {c['replayed']}/{c['total']} ops replayed, {sum(c['skipped'].values())} skipped")
         load0 = loadavg()
         gpu0 = gpu_clocks(target.device)
-        paired, why, threads_note, paired_threads, bound = _paired_timing(plan, e, target, prog, o)
-        step_times = ([ms / 1e3 for ms in paired.a_ms] if paired is not None
-                      else _recorded_timing(e, prog, o, why))
-        op_iters = o.op_iters if o.op_iters is not None else min(o.iters, 3)
-        op_times = _op_times(e, len(plan.ops), prog, op_iters)
+        with placed(parse_policy(o.cpu_affinity), target.device) as pl:
+            if o.cpu_affinity != "none":
+                prog.note(f"CPU placement: {pl.record['why']}")
+            paired, why, threads_note, paired_threads, bound = _paired_timing(plan, e, target, prog, o, pl)
+            step_times = ([ms / 1e3 for ms in paired.a_ms] if paired is not None
+                          else _recorded_timing(e, prog, o, why))
+            op_iters = o.op_iters if o.op_iters is not None else min(o.iters, 3)
+            pl.sweep()
+            op_times = _op_times(e, len(plan.ops), prog, op_iters)
     stats = timing_stats(paired, why=why, step_times_s=step_times, iters=o.iters, warmup=o.warmup,
                              pacing=o.pacing, device=target.device,
                              threads=paired_threads if paired is not None else torch.get_num_threads(),
@@ -219,6 +228,7 @@ def _replay(plan: Plan, kind: str, source: str | os.PathLike, out_dir: str | os.
     if paired is not None:
         stats.update(threads_note)
     stats["host_allocator"] = allocator or "as the process had it"
+    stats["cpu_placement"] = pl.record
     if e.pacing == "recorded":  # what was paced, and where the gaps came from
         stats.update(paced_ops=e.paced_ops, paced_gap_ms=e.pacing_gap_us / 1e3,
                      gap_source=plan.metadata.get("gap_source"))
@@ -241,12 +251,13 @@ def _replay(plan: Plan, kind: str, source: str | os.PathLike, out_dir: str | os.
     return summary, df
 
 
-def _paired_timing(plan: Plan, e: Executor, target: Any, prog: Progress,
-                   o: _Options) -> tuple[Paired | None, str, dict[str, Any], int, Bound | None]:
+def _paired_timing(plan: Plan, e: Executor, target: Any, prog: Progress, o: _Options,
+                   pl: Placed | None = None) -> tuple[Paired | None, str, dict[str, Any], int, Bound | None]:
     """``(paired rounds or None, why not paired, threads note, threads the rounds ran with, bound)``: the
     replay alternated with the original step rebuilt here, where it can be (see :func:`replay`); ``bound``
     what the step is bound by (:func:`boundness.measure_bound`, one profiled iteration of each side after
-    the rounds), None where not paired."""
+    the rounds), None where not paired; ``pl``: the CPU placement, whose threads started since are
+    moved between rounds."""
     original, why = rebuild_original(plan, target.device, o.timing, o.collective_handler, o.original)
     paired_threads = torch.get_num_threads()
     if original is None:
@@ -259,7 +270,8 @@ def _paired_timing(plan: Plan, e: Executor, target: Any, prog: Progress,
     try:
         paired = measure_paired(e, original, target.device, half_width=o.half_width, time_cap_s=o.time_cap,
                                     min_rounds=o.iters, min_warmup=o.warmup, progress=prog.note,
-                                    threads_note=threads_note or None)
+                                    threads_note=threads_note or None,
+                                    between=pl.sweep if pl is not None else None)
     except Exception as exc:  # noqa: BLE001 - the user's step failed: fall back, saying why
         if o.timing == "paired":
             raise UsageError(f"--timing paired: the original step failed: {type(exc).__name__}: {exc}") from exc

@@ -20,6 +20,7 @@ from typing import Any
 
 import pandas as pd
 
+from ...placement import placement_words
 from ..blocks import (
     Ids,
     as_float,
@@ -62,6 +63,10 @@ def _fidelity_entries(rows: SuiteRows, run_no: dict[tuple[str, str], Any]) -> li
     """One entry per (run, subject): the fidelity figures of its rows, completed from its summary.json."""
     entries: dict[tuple[Any, str], dict[str, Any]] = {}
     for r in rows.df.itertuples():
+        if r.check == "cpu_placement":  # where the timing thread ran (its detail says it in words)
+            e = entries.setdefault((r.run_no, r.subject), {"run": r.run_no, "subject": r.subject})
+            e.setdefault("placement", str(r.detail).split("; reproduce:")[0].split("; --cpu-affinity")[0])
+            continue
         key = r.metric if r.metric in _FIDELITY else _FIDELITY_ALIASES.get((r.check, r.metric))
         if key is None:
             continue
@@ -79,6 +84,8 @@ def _fidelity_entries(rows: SuiteRows, run_no: dict[tuple[str, str], Any]) -> li
             e["ops_skipped"] = art.summary.get("ops_skipped") or {}
             e["bound_by"] = art.summary.get("bound_by")
             e["basis"] = (art.summary.get("timing") or {}).get("basis")
+            if (art.summary.get("timing") or {}).get("cpu_placement"):
+                e["placement"] = placement_words(art.summary["timing"]["cpu_placement"])
     items = list(entries.values())
     for e in items:
         if (
@@ -134,6 +141,7 @@ def _fidelity_blocks(items: list[dict[str, Any]], multi: bool, ids: Ids) -> list
         column("coverage by time", lambda e: e.get("coverage_by_time"), "pct"),
         column("device busy", lambda e: e.get("device_busy"), "pct"),
         column("bound by", _bound_text, "detail"),
+        column("CPU placement", lambda e: e.get("placement") or "", "detail"),
         column("ops replayed", _ops_text, "num"),
         column("skipped ops", _skipped_text, "detail"),
     ]
