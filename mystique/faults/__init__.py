@@ -20,7 +20,7 @@ from .bitflip import DEFAULT_BITFLIP_OPS, BitFlipMode, bitflip, bitflip_mode
 from .bits import FlipRecord, bit_classes, choose_bits, flip_bits_, flip_random, hash_seed
 from .builtin import BUILTIN
 from .kernels import NondeterministicReductionMode, StuckLaneMode, WrongGeluMode, permute_along
-from .modes import MATMUL_OPERANDS, MATMUL_OPS, FaultMode, entropy_seed
+from .modes import MATMUL_OPERANDS, MATMUL_OPS, FaultMode, entropy_seed, grouped_parts, matmul_selection
 from .numeric import (
     LowPrecisionAccumMode,
     SubnormalFlushMode,
@@ -45,7 +45,8 @@ __all__ = [
     "BUILTIN", "DEFAULT_BITFLIP_OPS", "FAULTS", "MATMUL_OPERANDS", "MATMUL_OPS", "BitFlipMode", "FaultMode",
     "FaultSpec", "FlipRecord", "LowPrecisionAccumMode", "NondeterministicReductionMode", "StuckLaneMode",
     "SubnormalFlushMode", "TruncatingCastMode", "WrongGeluMode", "bit_classes", "bitflip", "bitflip_mode",
-    "choose_bits", "entropy_seed", "flip_bits_", "flip_random", "flush_subnormals", "hash_seed", "load_builtin",
-    "low_precision_matmul", "make_factory", "parse_params", "permute_along", "register", "round_toward_zero_fix",
+    "choose_bits", "entropy_seed", "flip_bits_", "flip_random", "flush_subnormals", "grouped_parts", "hash_seed",
+    "load_builtin", "low_precision_matmul", "make_factory", "matmul_selection", "parse_params", "permute_along",
+    "register", "round_toward_zero_fix",
     "SLOWNESS_FAULTS", "PassThroughMode", "StragglerMode", "ThrottleMode",
 ]

@@ -34,7 +34,7 @@ from .schema import base_name, input_storages, is_view, op_name, storage_key, wr
 
 CLASSES = ("any", "sign", "exponent", "mantissa", "high", "low")
 FIELDS = ("sign", "exponent", "mantissa", "any")  # the bit classes of the vectorized sampler
-DEFAULT_BITFLIP_OPS = "mm|bmm|addmm|baddbmm|addbmm|mv|addmv|dot|convolution"
+DEFAULT_BITFLIP_OPS = "mm|bmm|addmm|baddbmm|addbmm|mv|addmv|dot|_grouped_mm|convolution"
 _FLIPPABLE = (*dtypes.FLOAT_DTYPES, *dtypes.INT_BITS)
 _NUMPY_INT = {16: np.int16, 32: np.int32, 64: np.int64}
 

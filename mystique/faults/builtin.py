@@ -24,13 +24,13 @@ BUILTIN: tuple[FaultSpec, ...] = (
     ),
     FaultSpec(
         name="stuck_lane",
-        summary="matmul-family results at last-dim index = lane mod width read value "
-                "(or have the hex bit masks stuck1/stuck0 forced to 1/0)",
+        summary="matmul-family results (grouped expert GEMMs per group; ops: a regex narrowing the family) at "
+                "last-dim index = lane mod width read value (or have the hex bit masks stuck1/stuck0 forced to 1/0)",
         imitates="a stuck-at fault in one SIMD lane or one matrix-unit output column (a manufacturing defect or "
                  "wear-out that escaped test): every result that lane produces is fixed or has a bit stuck, "
                  "the other lanes are right",
         build=StuckLaneMode,
-        params={"lane": 3, "width": 16, "value": 0.0, "stuck1": "", "stuck0": ""},
+        params={"lane": 3, "width": 16, "value": 0.0, "stuck1": "", "stuck0": "", "ops": ""},
     ),
     FaultSpec(
         name="truncating_casts",
@@ -43,13 +43,14 @@ BUILTIN: tuple[FaultSpec, ...] = (
     ),
     FaultSpec(
         name="low_precision_accum",
-        summary="bf16/fp16 mm, bmm, addmm, baddbmm, addbmm, mv, addmv, dot (and so linear/matmul) accumulate in "
-                "the low dtype: partial sums of chunk products rounded to it after each",
+        summary="bf16/fp16 mm, bmm, addmm, baddbmm, addbmm, mv, addmv, dot (and so linear/matmul) and _grouped_mm "
+                "(per group; ops: a regex narrowing them) accumulate in the low dtype: partial sums of chunk products "
+                "rounded to it after each",
         imitates="reduced-precision accumulators: early tensor cores and matrix units with fp16 accumulation, "
                  "FP8 tensor cores keeping about 14 accumulator bits, or a library picking a reduced-precision "
                  "reduction kernel; the error grows with K instead of staying one output rounding",
         build=LowPrecisionAccumMode,
-        params={"chunk": 16},
+        params={"chunk": 16, "ops": ""},
     ),
     FaultSpec(
         name="subnormal_flush",

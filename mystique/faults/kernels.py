@@ -12,7 +12,7 @@ import torch
 from mystique import dtypes
 from mystique.errors import UsageError
 
-from .modes import MATMUL_OPERANDS, MATMUL_OPS, FaultMode, entropy_seed
+from .modes import MATMUL_OPERANDS, FaultMode, entropy_seed, grouped_parts, matmul_selection
 from .schema import base_name, bind, is_float, map_outputs, replace_args
 
 _REDUCTIONS = frozenset({"sum", "mean", "nansum"})
@@ -41,13 +41,19 @@ class StuckLaneMode(FaultMode):
     Elements whose index along the last dimension is ``lane`` modulo ``width`` read ``value``, or,
     when ``stuck1``/``stuck0`` bit masks are given (hex), have those bits forced to 1/0 instead.
     Only the matmul family (``mm``, ``bmm``, ``addmm``, ``baddbmm``, ``addbmm``, ``mv``,
-    ``addmv``) is affected; scalar results (``dot``) have no lanes and are left alone.
+    ``addmv``, ``_grouped_mm``; ``ops``, a regular expression, narrows it) is affected; scalar
+    results (``dot``) have no lanes and are left alone. A grouped matmul is one GEMM per group
+    (:func:`.modes.grouped_parts`): the lane is counted from each group's first output column (the
+    groups of a 3D x 2D grouped matmul sit side by side along the last dimension), and output rows
+    that belong to no group are left as the device wrote them.
     """
 
     name = "stuck_lane"
 
-    def __init__(self, lane: int = 3, width: int = 16, value: float = 0.0, stuck1: str = "", stuck0: str = ""):
+    def __init__(self, lane: int = 3, width: int = 16, value: float = 0.0, stuck1: str = "", stuck0: str = "",
+                 ops: str = ""):
         super().__init__()
+        self.ops = matmul_selection(ops, self.name)
         if width < 1:
             raise UsageError(f"--inject stuck_lane: width={width} must be at least 1")
         if not 0 <= lane < width:
@@ -60,18 +66,30 @@ class StuckLaneMode(FaultMode):
 
     def fault(self, func, args, kwargs):
         out = func(*args, **kwargs)
-        if base_name(func) not in MATMUL_OPS:
+        name = base_name(func)
+        if name not in self.ops:
             return out
+        if name == "_grouped_mm":
+            b = bind(func, args, kwargs)
+            y = out.clone()
+            for index, _, _ in grouped_parts(b["self"], b["mat2"], b["offs"]):
+                self._stick_(y[index])
+            return y
         return map_outputs(func, args, kwargs, out, self._stick)
 
     def _stick(self, t: torch.Tensor) -> torch.Tensor:
         if t.dim() == 0 or t.shape[-1] <= self.lane:
             return t
-        y = t.clone()
+        return self._stick_(t.clone())
+
+    def _stick_(self, y: torch.Tensor) -> torch.Tensor:
+        """``y``'s lanes stuck in place (``y`` may be a view of a larger result)."""
+        if y.dim() == 0 or y.shape[-1] <= self.lane:
+            return y
         lanes = y[..., self.lane::self.width]
         if self.stuck1 or self.stuck0:
-            width = t.element_size() * 8
-            bits = lanes.view(dtypes.int_dtype(t.dtype))
+            width = y.element_size() * 8
+            bits = lanes.view(dtypes.int_dtype(y.dtype))
             if self.stuck1:
                 bits.bitwise_or_(_signed(self.stuck1, width))
             if self.stuck0:
@@ -121,7 +139,8 @@ class NondeterministicReductionMode(FaultMode):
 
     ``sum``, ``mean`` and ``nansum`` (all their overloads, ``out=`` included) reduce a copy of the
     input whose elements are shuffled over the reduced dimensions; the matmul family shuffles
-    its K dimension. The mathematical result is the same; the rounding, and so the last bits,
+    its K dimension (a 2D x 2D ``_grouped_mm``, whose groups split K, within each group's stretch).
+    The mathematical result is the same; the rounding, and so the last bits,
     change from call to call. ``seed=-1`` (default) draws the orders from OS entropy, so runs
     differ too; any other seed makes the sequence of orders reproducible.
     """
@@ -135,6 +154,16 @@ class NondeterministicReductionMode(FaultMode):
 
     def _perm(self, n: int) -> torch.Tensor:
         return torch.randperm(n, generator=self.gen)
+
+    def _grouped_perm(self, offs: torch.Tensor, n: int) -> torch.Tensor:
+        """A 2D x 2D grouped matmul reduces over each group's own stretch of K (``offs``): the terms
+        are shuffled within each group, never across (that would change the sums)."""
+        parts, start = [], 0
+        for end in [int(v) for v in offs.tolist()] + [n]:
+            if end > start:
+                parts.append(start + self._perm(end - start))
+            start = max(start, end)
+        return torch.cat(parts) if parts else torch.arange(n)
 
     def fault(self, func, args, kwargs):
         name = base_name(func)
@@ -155,7 +184,9 @@ class NondeterministicReductionMode(FaultMode):
             first, second = MATMUL_OPERANDS[name]
             x, y = b[first], b[second]
             if is_float(x) and is_float(y) and x.shape[-1] > 1:
-                perm = self._perm(x.shape[-1]).to(x.device)
+                perm = self._perm(x.shape[-1]) if not (name == "_grouped_mm" and x.dim() == y.dim() == 2) \
+                    else self._grouped_perm(b["offs"], x.shape[-1])
+                perm = perm.to(x.device)
                 y_dim = -2 if y.dim() >= 2 else -1
                 args, kwargs = replace_args(func, args, kwargs, **{
                     first: x.index_select(-1, perm), second: y.index_select(y_dim, perm)})

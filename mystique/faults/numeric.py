@@ -13,7 +13,7 @@ from torch.utils._pytree import tree_map
 from mystique import dtypes
 from mystique.errors import UsageError
 
-from .modes import MATMUL_OPERANDS, MATMUL_OPS, FaultMode
+from .modes import MATMUL_OPERANDS, FaultMode, grouped_parts, matmul_selection
 from .schema import (
     base_name,
     bind,
@@ -112,25 +112,33 @@ def _scaled_sum(bias: torch.Tensor, product: torch.Tensor, beta: Any, alpha: Any
 class LowPrecisionAccumMode(FaultMode):
     """bf16/fp16 matrix multiplies accumulate in the low dtype instead of float32.
 
-    ``mm``, ``bmm``, ``addmm``, ``baddbmm``, ``addbmm``, ``mv``, ``addmv`` and ``dot`` (and so
-    ``linear``/``matmul``, which decompose into them) whose operands are float16 or bfloat16 are
-    computed with :func:`low_precision_matmul` (partial sums of ``chunk`` products, the
-    accumulator rounded to the operand dtype after each). Float32/64 multiplies are untouched.
+    ``mm``, ``bmm``, ``addmm``, ``baddbmm``, ``addbmm``, ``mv``, ``addmv``, ``dot`` (and so
+    ``linear``/``matmul``, which decompose into them) and ``_grouped_mm`` (``ops``, a regular
+    expression, narrows them) whose operands are float16 or bfloat16 are computed with
+    :func:`low_precision_matmul` (partial sums of ``chunk`` products, the accumulator rounded to the
+    operand dtype after each): a grouped matmul group by group (:func:`.modes.grouped_parts`), each
+    group's K reduction as one GEMM's, output rows of no group as the device wrote them. Float32/64
+    multiplies are untouched.
     """
 
     name = "low_precision_accum"
 
-    def __init__(self, chunk: int = 16):
+    def __init__(self, chunk: int = 16, ops: str = ""):
         super().__init__()
         if chunk < 1:
             raise UsageError(f"--inject low_precision_accum: chunk={chunk} must be at least 1")
         self.chunk = chunk
+        self.ops = matmul_selection(ops, self.name) - {"vdot"}  # a complex dot has no low-precision form here
+        if not self.ops:
+            raise UsageError(f"--inject low_precision_accum: ops={ops!r} selects only vdot, which it leaves alone")
 
     def fault(self, func, args, kwargs):
         name = base_name(func)
-        if name not in MATMUL_OPS or name == "vdot":
+        if name not in self.ops:
             return func(*args, **kwargs)
         b = bind(func, args, kwargs)
+        if name == "_grouped_mm":
+            return self._grouped(func, args, kwargs, b)
         value = self._compute(name, b)
         if value is None:
             return func(*args, **kwargs)
@@ -138,6 +146,17 @@ class LowPrecisionAccumMode(FaultMode):
         if isinstance(out_dtype, torch.dtype) and value.dtype != out_dtype:
             value = value.to(out_dtype)
         return finish(func, b, value)
+
+    def _grouped(self, func: Any, args: tuple, kwargs: dict, b: dict[str, Any]) -> torch.Tensor:
+        out = func(*args, **kwargs)
+        x, y = b["self"], b["mat2"]
+        if not (isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor)) or \
+                x.dtype not in dtypes.HALF_DTYPES or y.dtype != x.dtype:
+            return out
+        value = out.clone()
+        for index, a_g, b_g in grouped_parts(x, y, b["offs"]):
+            value[index] = low_precision_matmul(a_g, b_g, self.chunk).to(value.dtype)
+        return value
 
     def _compute(self, name: str, b: dict[str, Any]) -> torch.Tensor | None:
         operands = MATMUL_OPERANDS[name]
