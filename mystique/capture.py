@@ -6,10 +6,13 @@
   (integral tensor ranges recorded), one ``ProfilerStep#N`` holding the recorded step;
 - ``kineto.json.gz``: the Kineto profiler trace of the same step (events carry
   ``Record function id`` = the ET node's ``rf_id``);
-- ``pacing.json.gz``: a Kineto trace of one more step recorded with nothing else attached (no
-  execution-trace observer, no shapes): the host gaps between ops that ``--pacing recorded``
-  reproduces, free of the observer's own time (ops matched to the ET by order);
-- ``capture.json``: what was captured and the measured step time of the uninstrumented step;
+- ``pacing.json.gz``: a Kineto trace of :data:`PACING_STEPS` more steps recorded with nothing else
+  attached (no execution-trace observer, no shapes): the host gaps between ops that ``--pacing
+  recorded`` reproduces, free of the observer's own time (ops matched to the ET by order), and the
+  op times ``mystique predict`` takes the median of;
+- ``capture.json``: what was captured, the measured step time of the uninstrumented step and the
+  light profiler's cost per recorded event on this host (``profiler_event_cost``,
+  :mod:`mystique.trace.profiler_cost`);
 - ``results.csv``: the capture suite's rows (step time, trace size).
 
 TARGET is a built-in workload name (``mystique.workloads.names()``) or ``package.module:function``
@@ -47,6 +50,7 @@ from .progress import Progress
 from .refs import import_callable
 from .results import Results, RunContext, utc_now, write_csv
 from .targets import Target, check_device
+from .trace.profiler_cost import measure_event_cost
 from .trace.values import VALUE_OPS, VALUES_FILE, collect, resource_dir
 
 TRACE_FILE = "trace.json.gz"
@@ -219,9 +223,10 @@ def step_spread(median_ms: float, iqr_ms: float, iters: int) -> dict[str, Any]:
 
 
 def record_step(step: Callable[[], Any], target: Target, trace_path: Path, kineto_path: Path,
-                pacing_path: Path | None = None) -> None:
+                pacing_path: Path | None = None) -> dict[str, Any] | None:
     """Record one step with the Execution Trace observer and the Kineto profiler together; with
-    ``pacing_path``, then one more step with the Kineto profiler alone (host timeline only).
+    ``pacing_path``, then :data:`PACING_STEPS` more steps with the Kineto profiler alone (host
+    timeline only) and the profiler's measured cost per event, which is returned (else None).
 
     The profiler schedule runs one warm-up step (profiler started, nothing kept), then one active
     step, so the ET holds exactly one ``ProfilerStep#N``.
@@ -254,21 +259,30 @@ def record_step(step: Callable[[], Any], target: Target, trace_path: Path, kinet
         raise RuntimeError("the profiler recorded no step")
     # recorded routing and document ids, where the step had any (values.json beside the trace)
     collect(trace_path, resource_dir(raw_path), trace_path.parent / VALUES_FILE)
-    if pacing_path is not None:
-        record_pacing(step, target, pacing_path)
+    if pacing_path is None:
+        return None
+    return record_pacing(step, target, pacing_path)
 
 
-def record_pacing(step: Callable[[], Any], target: Target, path: Path) -> None:
-    """One step under the Kineto profiler alone, CPU events only, no shapes: the lightest profile
-    torch offers, so the gaps between its ops are the step's own host time (see
-    :func:`mystique.trace.kineto.align_spans`)."""
+#: steps the light profile records after its warm-up step: ``mystique predict`` takes each op's median
+#: over them, so one slow step (the first after the execution trace was written, a preempted one)
+#: does not set the prediction; 5 is the fewest whose median outlasts two such steps
+PACING_STEPS = 5
+
+
+def record_pacing(step: Callable[[], Any], target: Target, path: Path) -> dict[str, Any]:
+    """:data:`PACING_STEPS` steps under the Kineto profiler alone, CPU events only, no shapes: the
+    lightest profile torch offers, so the gaps between its ops are the step's own host time (see
+    :func:`mystique.trace.pacing.align_spans`); then the profiler's cost per recorded event, measured
+    on this host (:func:`mystique.trace.profiler_cost.measure_event_cost`), which is returned."""
     with profile(activities=[ProfilerActivity.CPU], record_shapes=False,
-                 schedule=schedule(wait=0, warmup=1, active=1, repeat=1),
+                 schedule=schedule(wait=0, warmup=1, active=PACING_STEPS, repeat=1),
                  on_trace_ready=lambda prof: prof.export_chrome_trace(str(path))) as prof:
-        for _ in range(2):
+        for _ in range(PACING_STEPS + 1):
             step()
             target.synchronize()
             prof.step()
+    return measure_event_cost()
 
 
 def _profile_two_steps(step, target, et, activities, on_ready) -> None:
@@ -348,9 +362,10 @@ def capture(target_name: str, out_dir: str | os.PathLike, *, force: bool = False
     info = target.info()
     ctx = RunContext(device=o.device, device_name=info.name, torch_version=torch.__version__)
     with staged_output_dir(out_dir, force) as stage:
-        record_step(step, target, stage / TRACE_FILE, stage / KINETO_FILE, stage / PACING_FILE)
+        event_cost = record_step(step, target, stage / TRACE_FILE, stage / KINETO_FILE, stage / PACING_FILE)
         counts = trace_counts(stage / TRACE_FILE)
         meta = capture_meta(target_name, described, o.device, info.name, o.dtype, o.seed, timing, counts)
+        meta["profiler_event_cost"] = event_cost
         meta["cpu_placement"] = pl.record
         atomic_write_text(stage / CAPTURE_FILE, json.dumps(meta, indent=2, default=str) + "\n")
         repro = (f"mystique capture {target_name} -o OUT --config {o.config} --mode {o.mode} --device {o.device} "

@@ -14,8 +14,9 @@ What the graph holds (:func:`build_graph`, tasks of :mod:`.sim`):
   that point, and its remainder waits for every kernel launched so far;
 - collectives: communication operators and NCCL kernels, class ``communication``, on their stream.
 
-Host times come from the lightest profile the capture holds: ``pacing.json.gz`` (one step under the
-Kineto profiler alone, matched to the trace by :mod:`mystique.trace.pacing`), else the Kineto trace
+Host times come from the lightest profile the capture holds: ``pacing.json.gz`` (steps under the
+Kineto profiler alone, matched to the trace by :mod:`mystique.trace.pacing`; each op's median over
+them, less the profiler's measured cost per event: :mod:`.light`), else the Kineto trace
 recorded with the execution-trace observer, else the plan's recorded times or an ``ops.csv``'s
 replay times. Everything read is untrusted: a malformed file is a :class:`UsageError` naming it.
 """
@@ -34,10 +35,12 @@ from ..io import show
 from ..replay.capture_info import find_kineto, read_capture
 from ..replay.plan import Plan, build_plan, plan_from_path
 from ..trace.files import read_json_document
-from ..trace.kineto import CPU_CATEGORIES, parse_kineto_document
+from ..trace.kineto import parse_kineto_document
 from ..trace.loader import load_trace
-from ..trace.pacing import MIN_MATCHED, align_spans, find_pacing
+from ..trace.pacing import align_spans, find_pacing
+from ..trace.profiler_cost import event_cost_us
 from .kernels import DeviceWork, Kernel, device_work
+from .light import light_times, match_steps
 from .opmodel import kernel_class, op_class, tensor_ids
 from .sim import Graph, Task
 
@@ -81,22 +84,6 @@ class Step:
 
 def _finite(v: Any) -> float | None:
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0 else None
-
-
-def _light_profile(path: Path) -> tuple[list[tuple[str, float, float]], list[tuple[float, float]]]:
-    """The host op events ``(name, start, end)`` of a light profile, in start order (as
-    :func:`mystique.trace.pacing.read_timeline` reads them), and its ``ProfilerStep#N`` spans."""
-    doc = read_json_document(path, what="Kineto pacing trace")
-    events = doc.get("traceEvents") if isinstance(doc, dict) else doc
-    ops, steps = [], []
-    for ev in events if isinstance(events, list) else ():
-        if not isinstance(ev, dict) or ev.get("ph") != "X" or ev.get("cat") not in CPU_CATEGORIES:
-            continue
-        name, ts, dur = ev.get("name"), _finite(ev.get("ts")), _finite(ev.get("dur"))
-        if isinstance(name, str) and ts is not None and dur is not None:
-            (steps.append((ts, ts + dur)) if name.startswith("ProfilerStep#") else ops.append((name, ts, ts + dur)))
-    ops.sort(key=lambda e: (e[1], -e[2]))
-    return ops, steps
 
 
 def _align(kin: Any, timeline: list[tuple[str, float, float]]) -> tuple[dict[int, tuple[float, float]], float]:
@@ -156,17 +143,22 @@ def load_step(path: str | os.PathLike, *, ops_csv: str | os.PathLike | None = No
         kin = parse_kineto_document(doc, source=str(kin_path))
     spans, source = None, "kineto.json.gz (recorded beside the execution-trace observer)"
     pacing = find_pacing(p)
-    light_steps: list[tuple[float, float]] = []
+    matched_steps, recorded = [], 0
     if kin is not None and pacing is not None:
-        timeline, light_steps = _light_profile(pacing)
-        aligned, matched = _align(kin, timeline)
-        if matched >= MIN_MATCHED:
-            spans, source = aligned, f"{pacing.name} (the step under the Kineto profiler alone, {matched:.0%} matched)"
-    plan = build_plan(trace, iteration, kineto_times=kin, capture=read_capture(p), allow_ops=allow_ops,
+        matched_steps, recorded, spans = match_steps(pacing, kin, _align)
+        if spans is not None:
+            source = f"{pacing.name} (the step under the Kineto profiler alone)"
+    capture = read_capture(p)
+    plan = build_plan(trace, iteration, kineto_times=kin, capture=capture, allow_ops=allow_ops,
                       gaps=(spans, source) if kin is not None else None)
+    light = None
+    if matched_steps:
+        threads = [getattr(trace.nodes.get(op.get("node_id")), "tid", None) for op in plan.ops]
+        light = light_times(matched_steps, recorded, plan.ops, threads, event_cost_us(capture))
+        if light is not None:
+            source = light.describe(pacing.name)
     work = device_work(doc) if doc is not None else DeviceWork()
-    step = Step(plan, "trace", [], capture=read_capture(p), times_from=source if kin is not None else "",
-                source=str(p))
+    step = Step(plan, "trace", [], capture=capture, times_from=source if kin is not None else "", source=str(p))
     node_rfs = {}  # outermost op -> every rf_id of its subtree (its kernels and syncs)
     for op in plan.ops:
         nid = op.get("node_id")
@@ -175,8 +167,8 @@ def load_step(path: str | os.PathLike, *, ops_csv: str | os.PathLike | None = No
     all_spans = spans if spans is not None else (kin.cpu_spans_us if kin is not None else {})
     for op in plan.ops:
         rf = op.get("rf_id")
-        host = None
-        if rf in all_spans:
+        host = light.host_us.get(op["index"]) if light is not None else None
+        if host is None and rf in all_spans:
             a, b = all_spans[rf]
             host = b - a
         if host is None and kin is not None and rf in kin.cpu_us:
@@ -185,16 +177,14 @@ def load_step(path: str | os.PathLike, *, ops_csv: str | os.PathLike | None = No
             host = _finite(op.get("orig_us"))
         node = trace.nodes.get(op.get("node_id"))
         t = _op_timing(op, host, f"host:{node.tid if node is not None and node.tid is not None else 0}")
+        if light is not None:
+            t.gap_us = light.gap_us.get(op["index"], 0.0)
         for r in node_rfs.get(op["index"], []):
             t.kernels.extend(work.kernels.get(r, []))
             t.syncs.extend(work.syncs.get(r, []))
         step.ops.append(t)
-    if spans is not None and step.ops:
-        first = min((spans[o["rf_id"]] for o in plan.ops if o.get("rf_id") in spans), default=None)
-        last = max((spans[o["rf_id"]][1] for o in plan.ops if o.get("rf_id") in spans), default=None)
-        span = next((s for s in light_steps if first is not None and s[0] <= first[0] <= s[1]), None)
-        if span is not None and first is not None and last is not None:
-            step.lead_us, step.tail_us = max(first[0] - span[0], 0.0), max(span[1] - last, 0.0)
+    if light is not None:
+        step.lead_us, step.tail_us = light.lead_us, light.tail_us
     if work.unlinked:
         step.notes.append(f"{work.unlinked} device events link to no operator (left out)")
     _check_times(step)
