@@ -201,3 +201,27 @@ def test_soft_error_campaigns_run_on_the_device():
     df = soft_errors.run(make_target("cuda"), groups=["detection_campaign", "false_positives", "pvf"], level="quick",
                          seed=0)
     assert len(df) and _bad(df).empty, _bad(df).to_string()
+
+
+# ----------------------------------------------------------------------------- issue 33: CPU placement
+
+
+def test_auto_placement_on_cuda_prefers_the_gpus_numa_node_and_pins_the_timing_thread():
+    """--cpu-affinity auto on a GPU host: the main thread on one allowed CPU, among the GPU's NUMA-local CPUs
+    where sysfs names them (a host without that file places among all allowed CPUs), masks restored after."""
+    import os
+    import threading
+
+    from mystique import placement
+
+    before = os.sched_getaffinity(0)
+    near = placement.device_local_cpus("cuda")
+    with placement.placed("auto", "cuda") as pl:
+        rec = pl.record
+        if len(before) < 2:
+            assert not rec["applied"]
+            return
+        assert rec["applied"] and os.sched_getaffinity(threading.get_native_id()) == {rec["main_cpu"]}
+        if near and set(near) & before:
+            assert rec["main_cpu"] in near and rec["near_device"] == placement.format_cpu_list(near)
+    assert os.sched_getaffinity(threading.get_native_id()) == before
