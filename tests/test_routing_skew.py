@@ -78,26 +78,46 @@ def test_verdict_from_the_two_intervals(pred, meas, want):
     assert rc.verdict(*pred, *meas) == want
 
 
-def _rows(measured, replayed_ok=True):
+def _rows(measured, replayed_ok=True, null=(1.0, 1.0, 1.0), delta_s=10e-3, unc_s=1e-3):
     res = Results(RunContext(device="cpu", device_name="test", torch_version="x"), "replay")
-    pred = rc.Prediction(delta_s=10e-3, uncertainty_s=1e-3, terms=8, points=4)  # +10 ms +-1 on a 100 ms step
-    s = rows(res, "llama4/small/infer [skewed:4 vs uniform]", pred, 0.1, *measured, rounds=40, threads=1,
+    pred = rc.Prediction(delta_s=delta_s, uncertainty_s=unc_s, terms=8, points=4)  # +10 ms +-1 on a 100 ms step
+    s = rows(res, "llama4/small/infer [skewed:4 vs uniform]", pred, 0.1, *measured, null=null, rounds=40, threads=1,
              load=([1.0], [1.0]), replayed_ok=replayed_ok, repro="mystique replay B --against A -o OUT")
     return s, {r["check"]: r for r in res.rows}
 
 
 def test_the_check_fails_when_the_step_moves_otherwise_than_predicted():
-    s, r = _rows((1.02, 1.01, 1.03))  # measured +2%, predicted +10% +-1%
+    s, r = _rows((1.02, 1.01, 1.03))  # measured +2%, predicted +10% +-1%, no floor
     row = r["routing_skew_prediction_error"]
     assert row["status"] == "fail" and s["verdict"] == "fail"
     assert row["value"] == pytest.approx(-0.08) and row["low"] == pytest.approx(1.01 - 1.11)
     assert "disjoint" in row["detail"] and "reproduce: mystique replay B --against A" in row["detail"]
+    # a floor of 2% (the null read [0.98, 1.005]) still leaves +2% [1%, 3%] short of +9..11%: fail
+    s, r = _rows((1.02, 1.01, 1.03), null=(0.995, 0.98, 1.005))
+    assert s["verdict"] == "fail" and s["floor"] == pytest.approx(0.02)
+    assert r["routing_skew_prediction_error"]["high"] == pytest.approx(1.03 + 0.02 - 1.09)
+    assert r["routing_skew_null_ratio"]["status"] == "info" and r["routing_skew_null_ratio"]["low"] == 0.98
     assert r["routing_skew_predicted_ratio"]["status"] == "info"
     assert r["routing_skew_predicted_ratio"]["low"] == pytest.approx(1.09)
     _, r = _rows((1.10, 1.095, 1.105))
     assert r["routing_skew_prediction_error"]["status"] == "pass"
     _, r = _rows((1.10, 1.095, 1.105), replayed_ok=False)
     assert r["routing_skew_prediction_error"]["status"] == "error"
+
+
+@pytest.mark.parametrize("measured, null, want", [
+    # issue 34's train figures: predicted +0.29% [+0.09, +0.49], measured -0.55% [-0.87, -0.12] (skewed:2);
+    # the null (the base against itself) read +0.86% [+0.23, +2.05] in another process: with it in the same
+    # rounds the floor is 2.05%, the widened interval overlaps the prediction, and a +0.3% change is unresolved
+    ((0.9945, 0.9913, 0.9988), (1.0086, 1.0023, 1.0205), "inconclusive"),
+    ((0.9945, 0.9913, 0.9988), (1.0, 1.0, 1.0), "fail"),  # the same measurement without a floor
+    ((1.003, 1.0025, 1.0035), (1.0, 0.9995, 1.0005), "pass"),  # resolved beyond a floor of 0.05%
+    ((0.95, 0.94, 0.96), (1.0086, 1.0023, 1.0205), "fail"),  # a -5% step against a +0.3% prediction: beyond the floor
+    ((1.003, 1.0025, 1.0035), (math.nan, math.nan, math.nan), "inconclusive"),  # no null interval: no floor known
+])
+def test_the_floor_widens_the_measured_interval(measured, null, want):
+    s, _ = _rows(measured, null=null, delta_s=0.29e-3, unc_s=0.2e-3)  # +0.29% [+0.09, +0.49] of a 100 ms step
+    assert s["verdict"] == want, s
 
 
 def test_against_refuses_options_it_cannot_honour(cli_run, tmp_path):

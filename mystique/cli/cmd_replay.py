@@ -55,7 +55,9 @@ def replay_cmd(source, output, device, iters, warmup, iteration, seed, force, ti
     merged summary.
 
     With --against BASE_BENCH (two routings of one capture): the change BENCH / BASE_BENCH is predicted
-    from the grouped GEMMs' group sizes, then measured in paired rounds (OUT_DIR/results.csv,
+    from the grouped GEMMs' group sizes, then measured in rounds that rotate two executors of each plan,
+    beside a null (two more of BASE_BENCH: the floor two executors of one plan show), and judged
+    against the prediction with the measured interval widened by that floor (OUT_DIR/results.csv,
     OUT_DIR/routing_skew.json).
     """
     from .. import results
@@ -122,8 +124,9 @@ def _against(source, against, output, device, iters, seed, force, world_size, ti
                            time_cap=time_cap, threads=threads, allow_ops=tuple(allow_ops), force=force)
     click.echo(f"predicted ratio {s['predicted_ratio']:.4f} [{s['predicted_low']:.4f}, {s['predicted_high']:.4f}] "
                f"({s['predicted_delta_ms']:+.3f} ms on {s['base_step_ms']:.3f}); measured {s['measured_ratio']:.4f} "
-               f"[{s['measured_low']:.4f}, {s['measured_high']:.4f}] paired, {s['rounds']} rounds ({s['verdict']}); "
-               f"results in {output}")
+               f"[{s['measured_low']:.4f}, {s['measured_high']:.4f}], null {s['null_ratio']:.4f} "
+               f"[{s['null_low']:.4f}, {s['null_high']:.4f}] (floor {s['floor']:.4f}), {s['rounds']} rotated rounds "
+               f"({s['verdict']}); results in {output}")
     return results.exit_code(df)
 
 

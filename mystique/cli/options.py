@@ -111,8 +111,9 @@ routing = click.option(
 against = click.option(
     "--against", default=None, metavar="BASE_BENCH",
     help="Time the benchmark against BASE_BENCH, another routing of the same capture (generate --routing), in "
-    "paired rounds, after predicting the change from the grouped GEMMs' group sizes timed alone: "
-    "routing_skew_prediction_error fails when the measured and predicted ratios' 95% intervals are disjoint.",
+    "rounds rotating two executors of each and a null (two more of BASE_BENCH), after predicting the change from "
+    "the grouped GEMMs' group sizes timed alone: routing_skew_prediction_error fails when the predicted ratio's "
+    "95% interval and the measured one widened by the null's floor are disjoint.",
 )
 doc_lengths = click.option(
     "--doc-lengths", default="recorded", show_default=True, metavar="recorded|uniform:MIN-MAX|longtail:MIN:ALPHA",

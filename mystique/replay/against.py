@@ -6,14 +6,21 @@ shapes except for their grouped GEMMs' group sizes. Here:
 1. the prediction is made first (:mod:`.routing_cost`): each pinned grouped GEMM's group times at the
    sizes both routings use, timed here with the thread count the rounds will use, summed into the
    predicted change of the step (seconds) with its uncertainty;
-2. then the two benchmarks alternate in paired ABBA rounds in this process
-   (:func:`mystique.timing.paired_rounds`): the median paired ratio BENCH / BASE with its 95% interval;
+2. then the benchmarks are timed in rotated rounds in this process (:mod:`.against_rounds`):
+   ``EXECUTORS`` executors of each plan, rotated so that no one executor's placement in memory biases
+   the median, and a *null*, as many more executors of BASE in the same rounds: the median ratios
+   BENCH / BASE and NULL / BASE with their 95% intervals;
 3. rows (suite ``replay``): ``routing_skew_predicted_ratio`` (info: 1 + predicted change / BASE's median
-   step, with the interval the uncertainty gives), ``routing_skew_measured_ratio`` (info) and the check
-   ``routing_skew_prediction_error``: measured - predicted ratio, its interval ``[measured low - predicted
-   high, measured high - predicted low]``; verdict :func:`routing_cost.verdict` (fail when the two 95%
-   intervals are disjoint; no tolerance beyond them). A side whose replayed loads are not its planned
-   ones makes the check an ``error``. ``routing_skew.json`` keeps the points, the sites and the rounds.
+   step, with the interval the uncertainty gives), ``routing_skew_measured_ratio`` (info),
+   ``routing_skew_null_ratio`` (info: the floor, what two sets of executors of one plan read here now)
+   and the check ``routing_skew_prediction_error``: measured - predicted ratio, its interval the
+   measured one widened by the floor ``f`` (the null interval's farther end from 1) less the predicted
+   one: ``[m_lo - f - p_hi, m_hi + f - p_lo]``; verdict :func:`routing_cost.verdict` of the predicted
+   interval against the widened measured one (fail when disjoint: the step moved otherwise than its
+   expert loads predict, by more than the measurement, the model and two executors of one plan can
+   differ; inconclusive when a predicted change is not resolved beyond the floor). A side whose
+   replayed loads are not its planned ones makes the check an ``error``. ``routing_skew.json`` keeps
+   the points, the sites and the rounds.
 """
 
 from __future__ import annotations
@@ -30,13 +37,16 @@ from ..io import atomic_write_text, check_output_dir, show, staged_output_dir
 from ..progress import Progress
 from ..results import Results, RunContext, write_csv
 from ..targets import make_target
-from ..timing import paired_rounds
 from . import routing_cost
+from .against_rounds import floor_of, rotated_rounds
 from .fidelity import busy_host_threads, device_sync
 from .pins import routing_summary
 from .plan import plan_from_path
 from .run import make_executor, subject_of
 from .runtime import replay_threads, steady_host_allocator
+
+#: executors per stream (BENCH, BASE, NULL): every BENCH x BASE pair comes in turn, each an equal share
+EXECUTORS = 2
 
 
 def replay_against(source: str | os.PathLike, base: str | os.PathLike, out_dir: str | os.PathLike, *,
@@ -74,14 +84,15 @@ def replay_against(source: str | os.PathLike, base: str | os.PathLike, out_dir: 
             points = routing_cost.time_points(keys, target.device, sync=sync)
             pred = routing_cost.predict(ss, points)
             prog.note(f"predicted change {pred.delta_s * 1e3:+.3f} ms ± {pred.uncertainty_s * 1e3:.3f}; timing the "
-                      "two benchmarks in paired rounds")
-            a = make_executor(cand, target.device, seed=seed, allow_ops=allow_ops)
-            b = make_executor(basep, target.device, seed=seed, allow_ops=allow_ops)
-            a.run_iteration(probe=True)
-            b.run_iteration(probe=True)
-            p = paired_rounds(a.run_iteration, b.run_iteration, device=target.device, sync=sync,
-                              half_width=half_width, time_cap_s=time_cap, min_rounds=iters, progress=prog.note)
-            routes = (routing_summary(cand, a), routing_summary(basep, b))
+                      f"two benchmarks and a null in rotated rounds ({EXECUTORS} executors each)")
+            plans = (cand, basep, basep)
+            execs = [[make_executor(pl, target.device, seed=seed, allow_ops=allow_ops) for _ in range(EXECUTORS)]
+                     for pl in plans]
+            for e in (e for stream in execs for e in stream):
+                e.run_iteration(probe=True)
+            p = rotated_rounds([[e.run_iteration for e in stream] for stream in execs], sync=sync,
+                               half_width=half_width, time_cap_s=time_cap, min_rounds=iters, progress=prog.note)
+            routes = [routing_summary(pl, e) for pl, stream in zip(plans, execs) for e in stream]
             used_threads = torch.get_num_threads()
     finally:
         if torch.get_num_threads() != before:
@@ -93,13 +104,13 @@ def replay_against(source: str | os.PathLike, base: str | os.PathLike, out_dir: 
     repro = (f"mystique replay {show(source)} --against {show(base)} -o OUT --device {device} --seed {seed}"
              + (f" --threads {threads}" if threads is not None else ""))
     replayed_ok = all(r is not None and r["replayed_equals_planned"] for r in routes)
-    summary = rows(res, subject, pred, p.b_median_ms / 1e3, p.ratio, *p.interval, rounds=p.rounds,
+    summary = rows(res, subject, pred, p.base_median_s(), *p.ratio("bench"), null=p.ratio("null"), rounds=p.rounds,
                    threads=used_threads, load=(p.loadavg_start, p.loadavg_end),
                    replayed_ok=replayed_ok, repro=repro)
     summary.update(source=show(source), against=show(base), sites=[s.__dict__ for s in ss],
                    points=[{"layout": k[0], "dims": list(k[1]), "dtype": k[2], "n": k[3], "median_us": v.median_s * 1e6,
                             "low_us": v.low_s * 1e6, "high_us": v.high_s * 1e6} for k, v in sorted(points.items())],
-                   timing={**p.summary(), **threads_note}, routing=list(routes))
+                   timing={**p.summary(), **threads_note}, routing=routes[::EXECUTORS])
     with staged_output_dir(out_dir, force) as stage:
         write_csv(res.frame(), stage / "results.csv")
         atomic_write_text(stage / "routing_skew.json", json.dumps(summary, indent=1, default=str) + "\n")
@@ -107,8 +118,9 @@ def replay_against(source: str | os.PathLike, base: str | os.PathLike, out_dir: 
 
 
 def rows(res: Results, subject: str, pred: routing_cost.Prediction, base_s: float, ratio: float, low: float,
-         high: float, *, rounds: int, threads: int | None, load: Any, replayed_ok: bool, repro: str) -> dict[str, Any]:
-    """The three rows (module docstring) from the prediction and the paired ratio; the summary's figures."""
+         high: float, *, null: tuple[float, float, float], rounds: int, threads: int | None, load: Any,
+         replayed_ok: bool, repro: str) -> dict[str, Any]:
+    """The four rows (module docstring) from the prediction, the measured ratio and the null's; the summary's figures."""
     pr, plo, phi = pred.ratio(base_s)
     res.add("routing_skew_predicted_ratio", subject, "ratio", pr, low=plo, high=phi, status="info",
             detail=f"predicted change {pred.delta_s * 1e3:+.3f} ms ± {pred.uncertainty_s * 1e3:.3f} ms (sum over "
@@ -116,25 +128,37 @@ def rows(res: Results, subject: str, pred: routing_cost.Prediction, base_s: floa
                    f"grouped GEMM timed alone here at that group size, {pred.points} sizes, {threads} thread(s); ± the "
                    f"linear sum of their 95% half-widths) over the base benchmark's median step {base_s * 1e3:.3f} ms; "
                    "predicted before the benchmarks were timed")
+    how = (f"{rounds} rounds in this process, {EXECUTORS} executors of each plan rotated (every pair in turn) and the "
+           f"three streams in every order in turn; load average {load[0]} -> {load[1]}")
     res.add("routing_skew_measured_ratio", subject, "ratio", ratio, low=low, high=high, status="info",
-            detail=f"median paired ratio benchmark / base of {rounds} ABBA rounds in this process, 95% interval "
-                   f"[{low:.4f}, {high:.4f}]; load average {load[0]} -> {load[1]}")
-    err, elo, ehi = ratio - pr, low - phi, high - plo
-    status = routing_cost.verdict(plo, phi, low, high) if replayed_ok else "error"
+            detail=f"median ratio benchmark / base of {how}; 95% interval [{low:.4f}, {high:.4f}]")
+    nr, nlo, nhi = null
+    f = floor_of(nlo, nhi)
+    res.add("routing_skew_null_ratio", subject, "ratio", nr, low=nlo, high=nhi, status="info",
+            detail=f"the floor: median ratio of {EXECUTORS} more executors of the base plan / the base's, timed in the "
+                   f"same rounds; 95% interval [{nlo:.4f}, {nhi:.4f}], floor {f:.4f} (its farther end from 1: what "
+                   "two sets of executors of one plan, differing only in where their tensors sit, read here now)")
+    wlo, whi = low - f, high + f
+    err, elo, ehi = ratio - pr, wlo - phi, whi - plo
+    status = routing_cost.verdict(plo, phi, wlo, whi) if replayed_ok else "error"
     why = ("" if replayed_ok else "a side's replayed tokens per expert differ from its planned ones: the comparison "
            "is not the one planned; ")
     res.add("routing_skew_prediction_error", subject, "ratio_difference", err, low=elo, high=ehi, threshold=0.0,
             status=status,
             detail=f"{why}measured - predicted ratio {err:+.4f}, interval [{elo:+.4f}, {ehi:+.4f}] (measured "
-                   f"[{low:.4f}, {high:.4f}] against predicted [{plo:.4f}, {phi:.4f}]); fail when the two 95% "
-                   "intervals are disjoint (the step moved otherwise than its expert loads predict, beyond the "
-                   "measurement's and the model's uncertainty: no tolerance is added), pass when they overlap and "
-                   "the measurement resolves a predicted change's direction, else inconclusive; the model leaves "
-                   "out the step's context (operands cold in cache in the step, hot when timed alone)"
+                   f"[{low:.4f}, {high:.4f}] widened by the floor {f:.4f} to [{wlo:.4f}, {whi:.4f}], against predicted "
+                   f"[{plo:.4f}, {phi:.4f}]); fail when the predicted and the widened measured intervals are disjoint "
+                   "(the step moved otherwise than its expert loads predict, beyond the measurement's and the model's "
+                   "95% uncertainty and the offset two executors of one plan show in the same rounds: the floor is "
+                   "added linearly, as an offset the rotation may not have averaged out, and nothing else is added), "
+                   "pass when they overlap and the widened interval resolves a predicted change's direction, else "
+                   "inconclusive (a change smaller than the floor cannot be resolved here); the model leaves out the "
+                   "step's context (operands cold in cache in the step, hot when timed alone)"
                    + ("" if status == "pass" else f"; reproduce: {repro}"))
     return {"predicted_ratio": pr, "predicted_low": plo, "predicted_high": phi, "predicted_delta_ms": pred.delta_s * 1e3,
             "predicted_uncertainty_ms": pred.uncertainty_s * 1e3, "base_step_ms": base_s * 1e3, "measured_ratio": ratio,
-            "measured_low": low, "measured_high": high, "rounds": rounds, "verdict": status, "threads": threads}
+            "measured_low": low, "measured_high": high, "null_ratio": nr, "null_low": nlo, "null_high": nhi,
+            "floor": f, "rounds": rounds, "verdict": status, "threads": threads}
 
 
 __all__ = ["replay_against", "rows"]
