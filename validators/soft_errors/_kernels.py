@@ -14,9 +14,11 @@ compute the checksums and the verdict in the passes over the data themselves:
 * ``bag_verdict``: the gather of the row sums, the per-bag reference, the sum and 2-norm of each
   output row and the lower-bound verdict of an EmbeddingBag computed by torch;
 * ``bag_lookup``: the EmbeddingBag itself (float32 or 8-bit row-wise rows, sum or mean, per-sample
-  weights), bitwise torch's, with the row sums gathered and the bags checked in the same pass, its
-  inner loop written in LLVM IR so that the accumulators stay in registers; ``bag_out_verdict``
-  checks its output later against the references it wrote.
+  weights), bitwise torch's, each bag checked as it is pooled, its inner loop written in LLVM IR so
+  that the accumulators stay in registers; the row sums are gathered into each bag's reference in a
+  pass of their own before it (float32 rows: ``pooled_refs``, the R x 1 row sums then stay in the L2
+  cache, which the rows streaming through it would evict) or in the lookup's own pass (8-bit rows);
+  ``bag_out_verdict`` checks its output later against the references it wrote.
 
 The kernels run on the calling thread. The GEMM passes read one row at a time and sum its products
 (exact in fp64: two fp32 factors) in fp64 over vectorized lanes. The kernels return the largest ratio,

@@ -309,14 +309,14 @@ class EmbeddingFunctions:
 
 EMBEDDING_COMPARISONS = (
     ("embedding_bag", "checked_embedding_bag", "embedding_bag", "float32",
-     "checked_embedding_bag (the compiled lookup, bitwise torch's, gathering the R x 1 row sums and checking "
-     "each bag in the same pass) vs F.embedding_bag"),
+     "checked_embedding_bag (the compiled lookup, bitwise torch's, after a pass that gathers the R x 1 row sums "
+     "into each bag's reference; each bag checked as it is pooled) vs F.embedding_bag"),
     ("embedding_bag_8bit", "checked_embedding_bag_8bit", "embedding_bag_8bit", "uint8",
      "checked 8-bit row-wise lookup (compiled, bitwise fbgemm's, row-sum gather and check in the same pass) vs "
      "torch's fused 8-bit kernel"),
     ("protect_embedding_bag", "protected_embedding_bag_module", "embedding_bag_module", "float32",
-     "nn.EmbeddingBag under protect() (its forward the compiled lookup with the row-sum gather, each bag checked "
-     "in the same pass; no forward hook unless another one is registered) vs plain"),
+     "nn.EmbeddingBag under protect() (its forward the compiled lookup after the row-sum gather's own pass, each "
+     "bag checked after it; no forward hook unless another one is registered) vs plain"),
 )
 EMBEDDING_FLOORS = (
     ("embedding_bag_gather_floor", "embedding_bag_bare_gather", "embedding_bag",

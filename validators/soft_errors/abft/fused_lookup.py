@@ -1,7 +1,8 @@
 """The fused CPU EmbeddingBag: the lookup itself, bitwise torch's, checked in the same pass.
 
-The compiled lookup (``bag_lookup`` of :mod:`.._compiled`) gathers the row sums with the same indices,
-sums each bag's output and takes the verdict with the output's 1-norm, the accumulators in registers.
+The compiled lookup (``bag_lookup`` of :mod:`.._compiled`) gathers the row sums with the same indices (for
+float32 rows in a pass of their own before the lookup, for 8-bit rows in its pass), sums each bag's output and
+takes the verdict with the output's 1-norm, the accumulators in registers.
 It replaces torch's lookup only where it was found to return the very same output
 (:func:`fused_lookups_agree`, once per process) and where nothing must see torch's operator.
 """
