@@ -311,7 +311,7 @@ def _threshold(k: float, tiny: float, lens: np.ndarray, ref64: bool, d_extra: fl
 
 def sure_alarms(before: tuple[torch.Tensor, torch.Tensor], after: tuple[torch.Tensor, torch.Tensor],
                 indices: torch.Tensor, offsets: torch.Tensor | None, mode: str, d: int, extra: float,
-                lam: float | None = None) -> np.ndarray:
+                lam: float | None = None, per_sample_weights: torch.Tensor | None = None) -> np.ndarray:
     """Which bags (a bool per bag) a change of the table is sure to raise the alarm in, on every path of
     :func:`verify_bag_output` (and of the fused lookup, which decides as it does), for checksums of the
     table ``before``: ``before``/``after`` are the per-row ``(sum_d w_d, sum_d |w_d|)`` in fp64 of the
@@ -328,18 +328,22 @@ def sure_alarms(before: tuple[torch.Tensor, torch.Tensor], after: tuple[torch.Te
     one whose change is not finite (its output is not). A change of at most ``thr(a_b)`` is one that the
     rounding of a clean lookup may make to that checksum: the check cannot tell it from rounding (between
     the two bounds it may alarm or not). The pooling here is in fp64 (its rounding, 2^-53 relative, is far
-    below ``u``).
+    below ``u``). With ``per_sample_weights`` (sum pooling) the checksums are pooled with the weights and the
+    magnitudes with their magnitudes (``a_b = sum_i |w_i| a_i``, the magnitude of the weighted terms); the
+    roundings of the weights' products belong in ``extra``.
     """
     idx, off = bags_args(indices, offsets)
     idx, off = idx.long(), off.long()
     nb = off.shape[0]
+    psw = None if per_sample_weights is None else per_sample_weights.reshape(-1).double()
 
-    def pooled(col: torch.Tensor) -> np.ndarray:
-        return F.embedding_bag(idx, col.double().reshape(-1, 1), off, mode=mode)[:, 0].numpy()
+    def pooled(col: torch.Tensor, w: torch.Tensor | None = psw) -> np.ndarray:
+        return F.embedding_bag(idx, col.double().reshape(-1, 1), off, mode=mode, per_sample_weights=w)[:, 0].numpy()
 
     k, tiny, _ = bag_constants(1, d, extra, 0.0, lam)
     lens = bag_lengths(idx, off, nb).double().numpy()
-    a, a2 = pooled(before[1]), pooled(after[1])
+    mags = None if psw is None else psw.abs()
+    a, a2 = pooled(before[1], mags), pooled(after[1], mags)
     with np.errstate(invalid="ignore", over="ignore"):
         change = pooled(after[0]) - pooled(before[0])
         bound = 2.0 * _threshold(k, tiny, lens, False, d + extra, 0.0, np.maximum(a, a2))

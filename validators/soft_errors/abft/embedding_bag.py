@@ -53,29 +53,106 @@ def checked_table(weight: torch.Tensor) -> CheckedTable:
     return CheckedTable(weight.detach(), EmbeddingChecks.of(weight))
 
 
+#: why max pooling is refused (one line, the message of a :class:`UsageError`)
+MAX_REFUSED = ("max pooling is not linear: no row checksum can verify a bag's maximum (checked EmbeddingBags "
+               "take sum or mean pooling)")
+
+
+def pooling_mode(fn: str, mode: str) -> None:
+    """Refuse a pooling mode other than sum and mean with one clear line."""
+    if mode == "max":
+        raise UsageError(f"{fn}: {MAX_REFUSED}")
+    if mode not in ("sum", "mean"):
+        raise UsageError(f"{fn} supports sum and mean pooling, got {mode!r}")
+
+
+def lookup_args(indices: torch.Tensor, offsets: torch.Tensor | None, psw: torch.Tensor | None, mode: str,
+                rows: int, padding_idx: int | None, include_last_offset: bool, cut: bool = True
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, int | None]:
+    """``(indices, offsets, per_sample_weights, padding_idx)`` of a lookup as torch reads them: 1-D indices and
+    the offsets of their bags' starts (2-D indices: bags of equal length), the weights 1-D, the padding index
+    in ``[0, rows)`` (a negative one counts from the end, as torch's). With ``include_last_offset`` the last
+    offset is the end of the last bag (the indices past it are read by no bag, as torch's): with ``cut`` the
+    indices are cut there and the offsets lose it (a host read of that offset); without, the offsets keep it
+    (a kernel that reads it: the Triton one). Bad arguments raise :class:`UsageError`."""
+    if include_last_offset:
+        if offsets is None or indices.dim() != 1 or offsets.dim() != 1 or not offsets.numel():
+            raise UsageError("include_last_offset needs 1-D indices and at least one offset (the end)")
+        if not cut:
+            if psw is not None and mode != "sum":
+                raise UsageError(f"per-sample weights need sum pooling (as torch's EmbeddingBag), got {mode!r}")
+            return indices, offsets, psw, None if padding_idx is None else _padding(padding_idx, rows)
+        end = int(offsets[-1])
+        if not 0 <= end <= indices.numel():
+            raise UsageError(f"include_last_offset: the last offset {end} is outside the {indices.numel()} indices")
+        indices, offsets = indices[:end], offsets[:-1]
+        psw = psw if psw is None else psw[:end]
+    idx, off = bags_args(indices, offsets)
+    if psw is not None:
+        if psw.dim() == 2:  # (weights of 2-D indices, as torch)
+            psw = psw.reshape(-1)
+        if mode != "sum":
+            raise UsageError(f"per-sample weights need sum pooling (as torch's EmbeddingBag), got {mode!r}")
+        if psw.shape != idx.shape:
+            raise UsageError(f"per-sample weights of shape {tuple(psw.shape)} for {idx.numel()} indices")
+    return idx, off, psw, None if padding_idx is None else _padding(padding_idx, rows)
+
+
+def _padding(padding_idx: int, rows: int) -> int:
+    if not -rows <= padding_idx < rows:
+        raise UsageError(f"padding_idx {padding_idx} is outside the table's {rows} rows")
+    return padding_idx % rows
+
+
+def without_padding(idx: torch.Tensor, off: torch.Tensor, psw: torch.Tensor | None, padding_idx: int
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """The bags with every index equal to ``padding_idx`` left out, as torch's lookup leaves them out (the
+    others pooled in the same order, a mean divided by the indices left): ``(indices, offsets, weights)``.
+    Each bag's checksum law is then the plain one, ``sum_d out_bd = sum_{i in b, idx_i != p} w_i c[idx_i]``."""
+    keep = idx != padding_idx
+    if bool(keep.all()):
+        return idx, off, psw
+    kept_before = torch.cat([keep.new_zeros(1, dtype=off.dtype), keep.to(off.dtype).cumsum(0)])
+    return idx[keep], kept_before[off.clamp(0, idx.numel())], None if psw is None else psw[keep]
+
+
 def checked_embedding_bag(table: CheckedTable, indices: torch.Tensor, offsets: torch.Tensor | None = None,
                           mode: str = "sum", *, per_sample_weights: torch.Tensor | None = None,
+                          padding_idx: int | None = None, include_last_offset: bool = False,
                           lam: float | None = None, exact_ratio: bool = False) -> tuple[torch.Tensor, CheckReport]:
-    """EmbeddingBag (sum or mean) over a :func:`checked_table`; returns ``(out, report)``.
+    """EmbeddingBag (sum or mean; per-sample weights with sum, a padding index, offsets that include the
+    last bag's end, as torch's) over a :func:`checked_table`; returns ``(out, report)``. Max pooling is
+    refused (:data:`MAX_REFUSED`).
 
     Costs, beside the lookup, a gather of the R x 1 row sums with the same indices and one pass over
     the (bags x D) output (see :func:`verify_bag_output`). On the CPU, without autograd, the lookup
     itself is a compiled kernel that returns torch's output bitwise and gathers the row sums and checks
     the bags in the same pass (:class:`FusedCall`); otherwise torch's lookup runs, followed on the CPU
-    by one compiled call prepared before it.
+    by one compiled call prepared before it. With a padding index torch's lookup runs and the bags are checked
+    with it left out (:func:`without_padding`; the Triton kernel skips it in its pass).
     """
-    if mode not in ("sum", "mean"):
-        raise UsageError(f"checked_embedding_bag supports sum and mean pooling, got {mode!r}")
-    idx, off = bags_args(indices, offsets)
-    if per_sample_weights is not None and per_sample_weights.dim() == 2:  # (weights of 2-D indices, as torch)
-        per_sample_weights = per_sample_weights.reshape(-1)
-    op, shape = f"embedding_bag_{mode}", (table.weight.shape[0], table.dim, off.shape[0])
-
-    if table.weight.is_cuda and not exact_ratio and per_sample_weights is None and cuda_wanted(table.weight, idx, off):
+    pooling_mode("checked_embedding_bag", mode)
+    rows = table.weight.shape[0]
+    if table.weight.is_cuda and not exact_ratio and \
+            cuda_wanted(table.weight, indices, *(() if offsets is None else (offsets,))):
         from ..triton_abft.bag import fused_embedding_bag  # (the fused Triton kernel, issue 32)
 
-        out, chk = fused_embedding_bag(table.weight, table.checks, idx, off, mode, lam=lam, op=op)
+        idx, off, psw, pad = lookup_args(indices, offsets, per_sample_weights, mode, rows, padding_idx,
+                                         include_last_offset, cut=False)
+        out, chk = fused_embedding_bag(table.weight, table.checks, idx, off, mode, lam=lam, per_sample_weights=psw,
+                                       padding_idx=pad, include_last_offset=include_last_offset)
         return out, chk.report()
+    idx, off, psw, pad = lookup_args(indices, offsets, per_sample_weights, mode, rows, padding_idx,
+                                     include_last_offset)
+    op, shape = f"embedding_bag_{mode}", (rows, table.dim, off.shape[0])
+    if pad is not None:  # torch's own lookup (with weights it rounds otherwise than without a padding index)
+        def padded() -> torch.Tensor:
+            return F.embedding_bag(idx, table.weight, off, mode=mode, per_sample_weights=psw, padding_idx=pad)
+
+        fidx, foff, fpsw = without_padding(idx, off, psw, pad)
+        return _checked_lookup(None, Bags(table.checks, fidx, foff, mode, fpsw, off.shape[0], table.dim, 4.0, 0.0, lam,
+                                          op, "float32", shape), exact_ratio, padded)
+    per_sample_weights = psw
 
     def bags() -> Bags:
         return Bags(table.checks, idx, off, mode, per_sample_weights, off.shape[0], table.dim, 4.0, 0.0, lam, op,
@@ -116,8 +193,7 @@ def checked_quantized_embedding_bag(table: QuantizedTable, indices: torch.Tensor
     would be dequantized with the row's own scale and bias, so a flip of those would move the
     reference with the result and go unseen.
     """
-    if mode not in ("sum", "mean"):
-        raise UsageError(f"checked_quantized_embedding_bag supports sum and mean pooling, got {mode!r}")
+    pooling_mode("checked_quantized_embedding_bag", mode)
     idx, off = bags_args(indices, offsets)
     op, shape = f"embedding_bag_8bit_{mode}", (table.packed.shape[0], table.dim, off.shape[0])
 

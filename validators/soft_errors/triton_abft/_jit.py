@@ -133,32 +133,39 @@ def _le_f32(p, mask):
 
 @triton.jit
 def checked_bag_kernel(w_ptr, idx_ptr, off_ptr, rowsum_ptr, absum_ptr, out_ptr, worst_ptr, ratio_ptr,
-                       n_idx, n_bags, n_rows, D, stride_w, k_lam, d_extra, tiny,
+                       n_idx, n_bags, n_rows, D, stride_w, k_lam, d_extra, tiny, psw_ptr, pad,
                        BD: tl.constexpr, BL: tl.constexpr, QUANT: tl.constexpr, MEAN: tl.constexpr,
-                       MARGIN: tl.constexpr):
+                       WEIGHTED: tl.constexpr, LAST: tl.constexpr, MARGIN: tl.constexpr):
     """One bag per program: its rows pooled in fp32 (8-bit rows dequantized as ``q * scale + bias``), BL rows
     gathered at once (their loads in flight together), the rows' checksums and magnitudes gathered with
     them, the bag's verdict against the exact threshold ``lam u (2 L + D + extra) a + tiny``
     (:func:`..abft.bag_verdict.verify_bag_output`; times ``MARGIN`` = 1 + 2^-10, far above the few
     roundings of its own fp32 evaluation), its ratio stored and max-reduced into ``worst``. An index out
-    of range reads nothing and makes the bag's ratio infinite (an alarm)."""
+    of range reads nothing and makes the bag's ratio infinite (an alarm). ``WEIGHTED``: row ``i`` times
+    ``psw[i]`` (its checksum too, its magnitude times ``|psw[i]|``); an index equal to ``pad`` (-1: none)
+    is left out (a mean divides by the indices left); ``LAST``: ``off`` holds the last bag's end too."""
     b = tl.program_id(0)
     rd = tl.arange(0, BD)
     rl = tl.arange(0, BL)
     dm = rd < D
     start = tl.load(off_ptr + b)
-    end = tl.load(off_ptr + b + 1, mask=b + 1 < n_bags, other=n_idx)
+    if LAST:
+        end = tl.load(off_ptr + b + 1)
+    else:
+        end = tl.load(off_ptr + b + 1, mask=b + 1 < n_bags, other=n_idx)
     end = tl.minimum(end, n_idx)
     acc = tl.zeros((BD,), dtype=tl.float32)
     ref = tl.zeros((BL,), dtype=tl.float32)
     mag = tl.zeros((BL,), dtype=tl.float32)
     bad = tl.zeros((BL,), dtype=tl.int32)
+    cnt = tl.zeros((BL,), dtype=tl.int32)
     for i0 in range(start, end, BL):
         live = i0 + rl < end
         r = tl.load(idx_ptr + i0 + rl, mask=live, other=0)
         ok = (r >= 0) & (r < n_rows)
         bad += (live & ~ok).to(tl.int32)
-        live = live & ok
+        live = live & ok & (r != pad)
+        cnt += live.to(tl.int32)
         r = tl.where(live, r, 0)
         m2 = live[:, None] & dm[None, :]
         if QUANT:  # fbgemm's row: D codes, then the fp32 scale and bias as 8 little-endian bytes
@@ -166,13 +173,20 @@ def checked_bag_kernel(w_ptr, idx_ptr, off_ptr, rowsum_ptr, absum_ptr, out_ptr, 
             q = tl.load(row[:, None] + rd[None, :], mask=m2, other=0).to(tl.float32)
             s = _le_f32(row + D, live)
             o = _le_f32(row + D + 4, live)
-            acc += tl.sum(tl.where(m2, q * s[:, None] + o[:, None], 0.0), axis=0)
+            x = tl.where(m2, q * s[:, None] + o[:, None], 0.0)
         else:
-            acc += tl.sum(tl.load(w_ptr + r[:, None] * stride_w + rd[None, :], mask=m2, other=0.0).to(tl.float32),
-                          axis=0)
-        ref += tl.load(rowsum_ptr + r, mask=live, other=0.0)
-        mag += tl.load(absum_ptr + r, mask=live, other=0.0)
-    n = (end - start).to(tl.float32)
+            x = tl.load(w_ptr + r[:, None] * stride_w + rd[None, :], mask=m2, other=0.0).to(tl.float32)
+        rs = tl.load(rowsum_ptr + r, mask=live, other=0.0)
+        ra = tl.load(absum_ptr + r, mask=live, other=0.0)
+        if WEIGHTED:
+            pw = tl.load(psw_ptr + i0 + rl, mask=live, other=0.0)
+            x = x * pw[:, None]
+            rs = rs * pw
+            ra = ra * tl.abs(pw)
+        acc += tl.sum(x, axis=0)
+        ref += rs
+        mag += ra
+    n = tl.sum(cnt, axis=0).to(tl.float32)
     refs = tl.sum(ref, axis=0)
     mags = tl.sum(mag, axis=0)
     if MEAN:
