@@ -267,7 +267,10 @@ def test_checked_fbgemm_lookups_pass_clean_and_catch_a_flipped_code_bit():
 
     df = soft_errors.run(Target("cpu"), groups=["abft_fbgemm"])
     checks = df[df.metric.isin(["clean_alarm", "injected_detected"])]
-    assert len(checks) == 8 and (checks.status == "pass").all(), checks.detail.tolist()  # 8/4-bit x sum/mean
+    tables = checks[checks.subject.str.startswith("fbgemm_")]
+    assert len(tables) == 8 and (checks.status == "pass").all(), checks.detail.tolist()  # 8/4-bit x sum/mean
+    # and the table-batched modules (training fp32, inference 8-bit) under CheckedTBE
+    assert sorted(checks[checks.subject.str.startswith("tbe_")].subject) == ["tbe_fp32_sum"] * 2 + ["tbe_int8_sum"] * 2
     torch_mean = df[df.subject == "torch_8bit_mean"].iloc[0]
     assert torch_mean.status == "info" and "FBGEMM's MEAN lookup" in torch_mean.detail
 

@@ -75,5 +75,27 @@ def test_abft_fbgemm_fails_when_the_tbe_rows_changed_after_their_checksums(monke
 
     monkeypatch.setattr(FbgemmTable, "from_float", classmethod(corrupted))
     df = soft_errors.run(Target("cpu"), groups=["abft_fbgemm"])
-    rows = df[(df["check"] == "abft_fbgemm") & (df["metric"] == "clean_alarm")]
+    rows = df[(df["check"] == "abft_fbgemm") & (df["metric"] == "clean_alarm") & df.subject.str.startswith("fbgemm_")]
     assert len(rows) == 4 and set(rows["status"]) == {"fail"}, rows[["subject", "status", "detail"]].to_string()
+
+
+def test_abft_fbgemm_tbe_rows_fail_when_the_checksums_disagree_with_the_tables(monkeypatch):
+    """CheckedTBE's row sums all off by one: the clean table-batched forwards alarm (clean_alarm fails); with a
+    verdict that never alarms, the flipped rows go unseen (injected_detected fails)."""
+    from mystique.validators.soft_errors.abft import tbe
+    from mystique.validators.soft_errors.abft.bag_verdict import EmbeddingChecks
+    from mystique.validators.soft_errors.abft.fbgemm import fbgemm_available
+
+    if not fbgemm_available():
+        pytest.skip("FBGEMM is not installed")
+    real = tbe.CheckedTBE.checks
+    monkeypatch.setattr(tbe.CheckedTBE, "checks", lambda self: [EmbeddingChecks(c.rowsum + 1.0, c.absum)
+                                                                for c in real(self)])
+    df = soft_errors.run(Target("cpu"), groups=["abft_fbgemm"])
+    rows = df[(df["metric"] == "clean_alarm") & df.subject.str.startswith("tbe_")]
+    assert len(rows) == 2 and set(rows["status"]) == {"fail"}, rows[["subject", "status", "detail"]].to_string()
+    monkeypatch.setattr(tbe.CheckedTBE, "checks", real)
+    monkeypatch.setattr(tbe.CheckedTBE, "verify", lambda self, *a, **k: tbe.CheckReport("tbe", "float32", False, 0.0))
+    df = soft_errors.run(Target("cpu"), groups=["abft_fbgemm"])
+    rows = df[(df["metric"] == "injected_detected") & df.subject.str.startswith("tbe_")]
+    assert len(rows) == 2 and set(rows["status"]) == {"fail"}, rows[["subject", "status", "detail"]].to_string()

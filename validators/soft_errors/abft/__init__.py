@@ -12,7 +12,9 @@ reference computed from the operands, within a bound of the rounding error of a 
 * EmbeddingBag (:mod:`.embedding_bag`, fp32 and 8-bit row-wise tables in :mod:`.quantized`): each
   bag's output sum against the bag pooled over per-row checksums, within the gamma bound of the
   summation (:func:`.bag_verdict.verify_bag_output`); on the CPU the lookup itself is a fused
-  compiled kernel that checks in the same pass (:mod:`.fused_lookup`).
+  compiled kernel that checks in the same pass (:mod:`.fused_lookup`). Per-sample weights, a padding
+  index and offsets with the last bag's end as torch's; max pooling (not linear) is refused.
+* FBGEMM: one inference table (:mod:`.fbgemm`) and whole table-batched modules (:mod:`.tbe`).
 
 On the CPU with Numba the checksums and the verdicts are computed by the compiled kernels of
 :mod:`.._kernels`; elsewhere by torch and NumPy operations, with the same verdicts.

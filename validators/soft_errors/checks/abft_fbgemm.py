@@ -2,7 +2,8 @@
 4-bit rows, the inference TBE of :mod:`..abft.fbgemm`) checked by the EmbeddingBag check.
 
 ``abft_fbgemm``: a clean lookup raises no alarm, one flipped code bit in a row of bag 0 is detected
-in bag 0, for sum and mean pooling; FBGEMM's mean against the fp64 mean of the same dequantized rows,
+in bag 0, for sum and mean pooling; the same for FBGEMM's table-batched modules (training TBE with fp32 rows,
+inference TBE with 8-bit rows, two tables) under :class:`..abft.tbe.CheckedTBE`; FBGEMM's mean against the fp64 mean of the same dequantized rows,
 and beside it the error of torch's CPU 8-bit kernel asked for a mean (torch 2.13 returns sums: a
 measured figure, ``info``). ``overhead_fbgemm``: checked / unchecked - 1 against FBGEMM's own
 unchecked lookup (8-bit and 4-bit rows, sum and mean pooling), timed like the ``overhead`` group
@@ -57,6 +58,44 @@ def run_abft_fbgemm(ctx: GroupContext) -> None:
                     detail=f"table flip row {row} code byte 1 bit 7 (bag 0): {rep2.describe()}")
             if bits == 8 and mode == "mean":
                 _torch_mean_row(ctx, w, idx, off, ref, err)
+    _tbe_rows(ctx)
+
+
+def _tbe_rows(ctx: GroupContext) -> None:
+    """FBGEMM's table-batched modules under :class:`..abft.tbe.CheckedTBE` (two tables of different widths, 8
+    ragged bags per feature): a clean forward raises no alarm; one flipped bit (an fp32 row's exponent, an
+    8-bit row's fp16 scale's) of a row read by feature 1's bag 0 alarms in that bag, of the second table only."""
+    from ..abft.tbe import CheckedTBE, example_tbe
+
+    res, dev, seed = ctx.res, ctx.target.device, ctx.seed
+    g = torch.Generator().manual_seed(seed)
+    tables, b = ((500, 32), (300, 64)), 8
+    lengths = torch.randint(0, 12, (2 * b,), generator=g)
+    lengths[b] = 5  # feature 1's bag 0 reads a row
+    idx = torch.cat([torch.randint(0, r, (int(lengths[f * b:(f + 1) * b].sum()),), generator=g)
+                     for f, (r, _) in enumerate(tables)])
+    off = torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)])
+    row = int(idx[int(off[b])])
+    for kind in ("fp32", "int8"):
+        name = f"tbe_{kind}_sum"
+        with ctx.target.active():
+            tbe = example_tbe(kind, tables, "sum", dev, seed)
+            checked = CheckedTBE(tbe)
+            _out, rep = checked(idx.to(dev), off.to(dev))
+        res.add("abft_fbgemm", name, "clean_alarm", float(rep.alarm), threshold=0, dtype=rep.dtype,
+                status="fail" if rep.alarm else "pass", detail=f"CheckedTBE over FBGEMM's {type(tbe).__name__} "
+                f"(tables {tables}, {b} bags per feature): {rep.describe()} seed={seed}")
+        if kind == "fp32":
+            tbe.split_embedding_weights()[1].data.view(torch.int32)[row, 0] ^= 1 << 29
+            what = f"table 1 row {row} element 0 exponent bit 29"
+        else:
+            tbe.split_embedding_weights(split_scale_shifts=True)[1][1].data[row, 1] ^= 1 << 6
+            what = f"table 1 row {row} fp16 scale exponent bit 14"
+        with ctx.target.active():
+            _out, rep2 = checked(idx.to(dev), off.to(dev))
+        res.add("abft_fbgemm", name, "injected_detected", float(rep2.alarm), threshold=1, dtype=rep.dtype,
+                status="pass" if rep2.alarm and b in rep2.rows and all(r >= b for r in rep2.rows) else "fail",
+                detail=f"{what} (read by feature 1's bag 0, TBE bag {b}): {rep2.describe()}")
 
 
 def _torch_mean_row(ctx: GroupContext, w: torch.Tensor, idx: torch.Tensor, off: torch.Tensor,
