@@ -42,6 +42,8 @@ REPRODUCERS: dict[tuple[str, str], tuple[str, ...]] = {
         f"{RCLI}::test_a_step_the_replay_cannot_reproduce_in_time_fails",
         # host-bound and device-bound steps, each judged on its own time (issue 33)
         "tests/test_replay_boundness.py::test_replay_says_what_bounds_the_step_and_which_time_it_judged",),
+    ("replay", "replay_process_consistency"): (
+        "tests/test_replay_consistency.py::test_the_command_reads_gpu_checks_folders_and_writes_one_row_per_capture",),
     ("replay", "replay_routing_reproduced"): (
         "tests/test_routing.py::test_replay_gives_the_ops_the_recorded_loads_and_the_check_can_fail",),
     ("replay", "routing_skew_prediction_error"): (
