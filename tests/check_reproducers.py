@@ -47,7 +47,9 @@ REPRODUCERS: dict[tuple[str, str], tuple[str, ...]] = {
     ("replay", "replay_routing_reproduced"): (
         "tests/test_routing.py::test_replay_gives_the_ops_the_recorded_loads_and_the_check_can_fail",),
     ("replay", "routing_skew_prediction_error"): (
-        "tests/test_routing_skew.py::test_the_check_fails_when_the_step_moves_otherwise_than_predicted",),
+        "tests/test_routing_skew.py::test_the_check_fails_when_the_step_moves_otherwise_than_predicted",
+        # timed rounds (fake clock): a step that moves otherwise than predicted fails beyond the null's floor
+        "tests/test_against_rounds.py::test_a_step_that_moves_otherwise_than_predicted_fails_beyond_the_floor",),
     ("replay", "dispatch_overhead_ratio"): (
         f"{RFAIL}::test_dispatch_overhead_ratio_fails_when_the_replay_takes_twice_the_eager_time",),
     # predict
