@@ -75,12 +75,15 @@ def test_the_command_reads_gpu_checks_folders_and_writes_one_row_per_capture(tmp
     for k, (r, v) in enumerate([(0.982, "pass"), (0.726, "fail")], 1):
         _write(tmp_path / f"replay_bert_train_{k}", _summary(r, v), "bert/small/train")
     _write(tmp_path / "replay_bert_train_3", None, "bert/small/train")  # timed out: no summary
+    for k, (r, v) in enumerate([(0.982, "pass"), (0.726, "fail"), (0.99, "pass")], 1):  # the H100's flip
+        _write(tmp_path / f"replay_bert_infer_{k}", _summary(r, v), "bert/small/infer")
     (tmp_path / "cap_bert_train").mkdir()  # not a replay
     code = main([str(tmp_path), "--replays", "3"])
     out = capsys.readouterr().out
     df = read_csv(tmp_path / "consistency" / "results.csv")
     rows = dict(zip(df["subject"], df["status"]))
-    assert rows == {"llama/small/infer": "pass", "bert/small/train": "error"} and code == 1
+    assert rows == {"llama/small/infer": "pass", "bert/small/train": "error", "bert/small/infer": "fail"}
+    assert code == 1
     assert "consistency llama/small/infer: pass" in out and "main CPU 1" in out
     assert set(df["device_name"]) == {"H100"}
     assert consistency(tmp_path / "cap_bert_train").empty
