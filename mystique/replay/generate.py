@@ -13,8 +13,7 @@ from __future__ import annotations
 import ast
 import math
 import re
-from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,19 +26,13 @@ from ..errors import UsageError
 from ..io import atomic_write_text, check_output_dir, staged_output_dir
 from ..progress import Progress
 from ..targets import parse_device
+from .batch_scale import FLOAT_DTYPES, infer_batch, one_line, recompute_nbytes, rescale_batch  # noqa: F401 - infer_batch: re-exported
 from .pins import parse_doc_lengths, parse_routing, transform_doc_lengths, transform_routing
 from .plan import Plan, normalise, plan_from_path
-from .recipes import EMBEDDING_BAG_OPS, DataRecipes, named_args, offsets_segment
 
 FORMATS = ("json", "py", "onnx")
-FLOAT_DTYPES = ("float32", "float16", "bfloat16", "float64")
-_SIZE_TYPES = ("int[]", "SymInt[]")
 
-
-def _line(v: Any) -> str:
-    """Text from a trace or from torch for a one-line message: the first line, control characters escaped."""
-    s = str(v).strip().split("\n", 1)[0]
-    return s if s.isprintable() else ascii(s)[1:-1]
+_line = one_line
 
 
 def parse_formats(spec: str) -> list[str]:
@@ -119,20 +112,9 @@ def retarget_dtype(plan: Plan, dtype: str) -> Plan:
     for op in plan.ops:
         op["args"] = fix(op["args"])
         op["kwargs"] = {k: fix(v) for k, v in op["kwargs"].items()}
-    _recompute_nbytes(plan)
+    recompute_nbytes(plan)
     plan.metadata["transforms"].append({"dtype": dtype})
     return plan
-
-
-def _recompute_nbytes(plan: Plan) -> None:
-    need: dict[int, int] = {}
-    for t in plan.tensors:
-        size = torch.empty((), dtype=ex.dtype_from_name(t["dtype"])).element_size()
-        strides = t.get("strides") or ex.contiguous_strides(t["shape"])
-        nb = ex.extent(t["shape"], strides, int(t["offset"])) * size
-        need[t["storage"]] = max(need.get(t["storage"], 0), nb)
-    for s in plan.storages:
-        s["nbytes"] = int(need.get(s["id"], s["nbytes"]))
 
 
 def obfuscate(plan: Plan) -> Plan:
@@ -150,218 +132,6 @@ def obfuscate(plan: Plan) -> Plan:
     meta["obfuscated"] = True
     meta["transforms"].append({"obfuscate": True})
     return plan
-
-
-# ----------------------------------------------------------------------------------------------
-# Batch rescaling
-# ----------------------------------------------------------------------------------------------
-
-
-def _mutated_inputs(plan: Plan) -> set[int]:
-    """Tensor ids an op writes in place (outputs that are also inputs, and ``Tensor(a!)`` arguments)."""
-    out: set[int] = set()
-    for op in plan.ops:
-        ins = set(ex.op_input_ids(op))
-        out.update(t for t in ex.op_output_ids(op) if t in ins)
-        if op.get("schema"):
-            try:
-                sch = ex.parse_schema(op["schema"])
-            except ValueError:
-                continue
-            pos = [a for a in sch.args if not a.kwarg_only]
-            for sa, v in list(zip(pos, op["args"])) + [(a, op["kwargs"].get(a.name)) for a in sch.args
-                                                        if a.kwarg_only]:
-                if sa.mutable:
-                    ids: list[int] = []
-                    ex.walk_tensor_ids(v, ids)
-                    out.update(ids)
-    return out
-
-
-def infer_batch(plan: Plan) -> int:
-    """The batch size: the leading dim of the data inputs.
-
-    Data inputs are external tensors that no op writes in place (parameters and optimizer
-    states are written by the optimizer step); integer inputs (token ids, indices) are preferred,
-    then floating ones with at least two dims, in the order ops consume them.
-    """
-    tensors = {t["id"]: t for t in plan.tensors}
-    mutated = _mutated_inputs(plan)
-    order: list[int] = []
-    seen: set[int] = set()
-    for op in plan.ops:
-        for tid in ex.op_input_ids(op):
-            if tid not in seen and tensors[tid]["source"] == "external":
-                seen.add(tid)
-                order.append(tid)
-    cands = [tensors[t] for t in order if t not in mutated and tensors[t]["shape"] and tensors[t]["shape"][0] > 0]
-    ints = [t for t in cands if t["dtype"] not in FLOAT_DTYPES and t["dtype"] != "bool"]
-    floats = [t for t in cands if t["dtype"] in FLOAT_DTYPES and len(t["shape"]) >= 2]
-    pool = ints or floats
-    if not pool:
-        raise UsageError("cannot infer the batch size: the benchmark has no data inputs")
-    counts = Counter(t["shape"][0] for t in pool)
-    best = max(counts.values())
-    # the most common leading dim; among equally common ones, that of the input consumed first
-    return next(t["shape"][0] for t in pool if counts[t["shape"][0]] == best)
-
-
-def _rescale_dims(shape: list[int], b: int, nb: int) -> list[int]:
-    return [nb if d == b else d for d in shape]
-
-
-def _rescale_sizes(values: list[Any], ref_shape: list[int] | None, b: int, nb: int) -> list[Any]:
-    out = []
-    for v in values:
-        if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
-            out.append(v)
-            continue
-        if v == b:
-            out.append(nb)
-            continue
-        new = v
-        if ref_shape and v % b == 0:
-            # a product of consecutive input dims that includes a batch dim: rescale that factor
-            n = len(ref_shape)
-            for i in range(n):
-                prod = 1
-                for j in range(i, n):
-                    prod *= ref_shape[j]
-                    if prod == v and b in ref_shape[i:j + 1]:
-                        new = v // b * nb
-                        break
-                    if prod > v:
-                        break
-                if new != v:
-                    break
-        out.append(new)
-    return out
-
-
-
-def _called_ops(ops: list[dict[str, Any]]) -> Iterator[tuple[dict[str, Any], Any]]:
-    """The plan's called ops with a schema that parses, each with its parsed schema."""
-    for op in ops:
-        if op["action"] != "call" or not op.get("schema"):
-            continue
-        try:
-            yield op, ex.parse_schema(op["schema"])
-        except ValueError:
-            continue
-
-def rescale_batch(plan: Plan, factor: float, allow_ops: Sequence[str] = ()) -> Plan:
-    """Scale the batch dimension by ``factor`` (UsageError when no consistent rescale exists).
-
-    Every tensor dim equal to the batch size B and every size-list argument equal to B or to a
-    product of input dims including B is rescaled; the shapes of op results are then recomputed
-    by running the plan on the meta device, and any op that fails there but not on the original
-    shapes makes the rescale inconsistent. ``allow_ops``: as for :class:`runtime.Executor`.
-    """
-    if not (factor > 0 and math.isfinite(factor)):
-        raise UsageError(f"--batch-scale must be a positive number, not {factor}")
-    if factor == 1:
-        return plan
-    b = infer_batch(plan)
-    nb = max(1, int(round(b * factor)))
-    if b == 1:
-        raise UsageError("the batch size is 1: its dimension cannot be told apart from other unit dims, "
-                         "so the batch cannot be rescaled consistently")
-    if nb == b:
-        raise UsageError(f"--batch-scale {factor} leaves the batch size {b} unchanged")
-    tensors = {t["id"]: t for t in plan.tensors}
-    mutated = _mutated_inputs(plan)
-    params = [t for t in plan.tensors if t["source"] == "external" and t["id"] in mutated and b in t["shape"]]
-    if params:
-        t = params[0]
-        raise UsageError(f"cannot rescale the batch size {b}: tensors the step updates in place have a dim "
-                         f"of the same size (e.g. shape {t['shape']}), so the batch dim is ambiguous")
-    before = _meta_failures(plan, allow_ops)
-    new = plan.copy()
-    nt = {t["id"]: t for t in new.tensors}
-    for t in new.tensors:
-        if t["source"] in ("external", "unused"):
-            shape = _rescale_dims(t["shape"], b, nb)
-            if shape != t["shape"]:
-                t["strides"] = _dense_like(t["shape"], t.get("strides"), shape)
-                t["shape"] = shape
-    for op, sch in _called_ops(new.ops):
-        ins = ex.op_input_ids(op)
-        ref = tensors[ins[0]]["shape"] if ins else None
-        pos = [a for a in sch.args if not a.kwarg_only]
-        for i, (sa, v) in enumerate(zip(pos, op["args"])):
-            if sa.base_type in _SIZE_TYPES and isinstance(v, list):
-                op["args"][i] = _rescale_sizes(v, ref, b, nb)
-        for sa in sch.args:
-            if sa.kwarg_only and sa.base_type in _SIZE_TYPES and isinstance(op["kwargs"].get(sa.name), list):
-                op["kwargs"][sa.name] = _rescale_sizes(op["kwargs"][sa.name], ref, b, nb)
-    e = ex.Executor(new.data, "meta", check_memory=False, allow_ops=allow_ops)
-    e.record_shapes = True
-    e.propagate = True
-    e.probe()
-    after = {st.index: st.reason for st in e.status if st.state == "skipped"}
-    broken = sorted(set(after) - set(before))
-    if broken:
-        i = broken[0]
-        raise UsageError(f"batch rescale {b} -> {nb} is inconsistent: op #{i} {_line(new.ops[i]['name'])} fails with "
-                         f"the rescaled shapes ({_line(after[i])})")
-    for tid, (shape, strides) in e.output_shapes.items():
-        if nt[tid]["source"] in ("output", "derived"):
-            nt[tid]["shape"], nt[tid]["strides"] = list(shape), list(strides)
-    for t in new.tensors:
-        if t["source"] in ("output", "derived") and t["id"] not in e.output_shapes:
-            shape = _rescale_dims(t["shape"], b, nb)
-            if shape != t["shape"]:
-                t["strides"] = _dense_like(t["shape"], t.get("strides"), shape)
-                t["shape"] = shape
-    _rescale_offsets(new)
-    _recompute_nbytes(new)
-    new.metadata["transforms"].append({"batch_scale": factor, "batch": b, "new_batch": nb})
-    new.metadata["batch_size"] = nb
-    return new
-
-
-def _rescale_offsets(plan: Plan) -> None:
-    """Re-derive the bag offsets recipes (``segments``) of embedding-bag inputs from the rescaled
-    tensors, as the plan builder derives them: one segment ``[start, count, stride, total,
-    include_last]`` per offsets view, ``total`` the element count of the bag's indices."""
-    tensors = {t["id"]: t for t in plan.tensors}
-    tid = DataRecipes.tid
-    segments: dict[int, list[list[Any]]] = {}
-    for op, sch in _called_ops(plan.ops):
-        if f"{sch.namespace}::{sch.name}" not in EMBEDDING_BAG_OPS:
-            continue
-        named = named_args(sch, op)
-        ind, off = tid(named.get("indices")), tid(named.get("offsets"))
-        if ind is None or off is None or ind not in tensors or off not in tensors:
-            continue
-        seg = offsets_segment(tensors[off], tensors[ind], named.get("include_last_offset"))
-        segs = segments.setdefault(tensors[off]["storage"], [])
-        if seg not in segs:
-            segs.append(seg)
-    for st in plan.storages:
-        recipe = st.get("recipe")
-        if recipe and recipe.get("kind") == "offsets" and st["id"] in segments:
-            st["recipe"] = {k: v for k, v in recipe.items() if k not in ("total", "include_last")}
-            st["recipe"]["segments"] = segments[st["id"]]
-
-
-def _dense_like(old_shape: list[int], old_strides: list[int] | None, shape: list[int]) -> list[int]:
-    """Dense strides for ``shape`` with the dim order (by stride) of the old layout."""
-    if not old_strides or len(old_strides) != len(shape):
-        return ex.contiguous_strides(shape)
-    order = sorted(range(len(shape)), key=lambda i: (old_strides[i], -i))
-    out = [0] * len(shape)
-    acc = 1
-    for i in order:
-        out[i] = acc
-        acc *= max(shape[i], 1)
-    return out
-
-
-def _meta_failures(plan: Plan, allow_ops: Sequence[str] = ()) -> dict[int, str]:
-    e = ex.Executor(plan.data, "meta", check_memory=False, allow_ops=allow_ops)
-    e.probe()
-    return {st.index: st.reason for st in e.status if st.state == "skipped"}
 
 
 # ----------------------------------------------------------------------------------------------
