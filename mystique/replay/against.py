@@ -151,8 +151,10 @@ def rows(res: Results, subject: str, pred: routing_cost.Prediction, base_s: floa
                    "(the step moved otherwise than its expert loads predict, beyond the measurement's and the model's "
                    "95% uncertainty and the offset two executors of one plan show in the same rounds: the floor is "
                    "added linearly, as an offset the rotation may not have averaged out, and nothing else is added), "
-                   "pass when they overlap and the widened interval resolves a predicted change's direction, else "
-                   "inconclusive (a change smaller than the floor cannot be resolved here); the model leaves out the "
+                   "pass when they overlap and the widened interval resolves the direction of a change the model "
+                   "predicts (its interval excluding 1), or no load moved and the widened interval holds 1, else "
+                   "inconclusive (a change smaller than the floor, or one the model itself does not resolve, cannot "
+                   "be confirmed here); the model leaves out the "
                    "step's context (operands cold in cache in the step, hot when timed alone)"
                    + ("" if status == "pass" else f"; reproduce: {repro}"))
     return {"predicted_ratio": pr, "predicted_low": plo, "predicted_high": phi, "predicted_delta_ms": pred.delta_s * 1e3,

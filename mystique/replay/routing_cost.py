@@ -206,19 +206,23 @@ def time_points(keys: set[tuple[str, tuple[int, int], str, int]], device: str, *
 
 def verdict(pred_lo: float, pred_hi: float, meas_lo: float, meas_hi: float) -> str:
     """The measured ratio's 95% interval against the predicted one. ``fail``: disjoint (the step moved
-    otherwise than its expert loads predict, beyond both intervals); ``pass``: they overlap and the
-    measurement resolves the predicted direction (where the prediction excludes no change, the measured
-    interval excludes it on the same side); ``inconclusive``: they overlap but the measured interval
-    still holds 1 while the model predicts a change (more rounds, or a larger skew, decide)."""
+    otherwise than its expert loads predict, beyond both intervals); ``pass``: they overlap and either
+    the model predicts a change (its interval excludes 1) whose direction the measurement resolves (its
+    interval excludes 1 on the same side), or the model predicts exactly none (no load moved: both ends
+    1); ``inconclusive``: they overlap otherwise, a predicted change the measurement does not resolve
+    (more rounds, a quieter host or a larger skew decide) or a prediction whose own interval holds 1
+    (the model does not say which way the step moves, so agreeing with it confirms nothing)."""
     if not all(math.isfinite(x) for x in (pred_lo, pred_hi, meas_lo, meas_hi)):
         return "inconclusive"
     if meas_hi < pred_lo or meas_lo > pred_hi:
         return "fail"
-    if pred_lo > 1 and not meas_lo > 1:
-        return "inconclusive"
-    if pred_hi < 1 and not meas_hi < 1:
-        return "inconclusive"
-    return "pass"
+    if pred_lo == pred_hi == 1:
+        return "pass"
+    if pred_lo > 1:
+        return "pass" if meas_lo > 1 else "inconclusive"
+    if pred_hi < 1:
+        return "pass" if meas_hi < 1 else "inconclusive"
+    return "inconclusive"
 
 
 __all__ = ["LAYOUTS", "Point", "Prediction", "Site", "needed", "predict", "sites", "time_points", "verdict"]
