@@ -131,14 +131,15 @@ def test_a_gap_shorter_than_its_charge_passes_the_rest_to_the_op_after_it_and_no
 def test_the_cost_per_event_is_the_profiled_loops_extra_time_over_its_events():
     """A clock on which every profiled loop of 400 ops takes 400 us more than a plain one: 1 us per
     event, whatever the host's speed (the profiler itself is real: it counts the events)."""
-    from mystique.trace.profiler_cost import measure_event_cost
+    from mystique.trace.profiler_cost import REPEATS, measure_event_cost
 
     calls = {"n": 0}
 
-    def clock():  # loop k (0: warm-up, then plain, profiled, plain, ...) lasts 400 us, profiled ones 800 us
+    def clock():  # loop 0 warms up; then each round: REPEATS plain loops (400 us), REPEATS profiled (800 us)
         calls["n"] += 1
         k, end = divmod(calls["n"] - 1, 2)
-        return k * 1.0 + (0.0 if not end else (800e-6 if k % 2 == 0 and k else 400e-6))
+        profiled = k > 0 and (k - 1) % (2 * REPEATS) >= REPEATS
+        return k * 1.0 + (0.0 if not end else 800e-6 if profiled else 400e-6)
 
     cost = measure_event_cost(clock=clock)
     assert cost["events_per_call"] == 1.0 and cost["per_event_us"] == pytest.approx(1.0)

@@ -7,9 +7,11 @@ cost out again (:mod:`mystique.predict.graph`): ``c`` microseconds per event the
 
 ``c`` is measured on a loop of one tiny operator that records exactly one event per call
 (``torch.add(a, b, out=o)`` on one element: ``aten::add`` with no operator below it), timed with
-and without the profiler in alternating rounds: each round gives
-``(t_profiled - t_plain) / events`` and ``c`` is the median of the rounds, with the distribution-free
-95% interval of that median (:func:`mystique.timing.median_interval`). The loop is independent of
+and without the profiler in alternating rounds: each round times :data:`REPEATS` plain loops and
+:data:`REPEATS` loops in one profiling session and gives ``(min profiled - min plain) / events per
+loop`` (the minimum: the loop's fixed work, since a busy host only ever adds time to it), and ``c``
+is the median of the rounds, with the distribution-free 95% interval of that median
+(:func:`mystique.timing.median_interval`). The loop is independent of
 the captured step, so the correction is a measurement of the profiler, not a fit to the step's
 error. What it leaves out: any cost that is not per event (the profiler's buffers evicting the
 step's own data from the caches), which a loop of one hot operator cannot see.
@@ -26,6 +28,7 @@ from typing import Any
 #: median with a 98% order-statistics interval between the smallest and the largest round
 LOOP_OPS = 400
 ROUNDS = 7
+REPEATS = 3
 
 
 def measure_event_cost(*, ops: int = LOOP_OPS, rounds: int = ROUNDS,
@@ -47,13 +50,13 @@ def measure_event_cost(*, ops: int = LOOP_OPS, rounds: int = ROUNDS,
 
     loop()  # warm: the operator's dispatch resolved, the output allocated
     per_round: list[float] = []
-    events = 0
+    events = 0.0
     for r in range(rounds):
-        plain = loop()
+        plain = min(loop() for _ in range(REPEATS))
         with profile(activities=[ProfilerActivity.CPU], record_shapes=False) as prof:
-            profiled = loop()
+            profiled = min(loop() for _ in range(REPEATS))
         if r == 0:
-            events = sum(1 for e in prof.events() if e.name == "aten::add")
+            events = sum(1 for e in prof.events() if e.name == "aten::add") / REPEATS
         if events:
             per_round.append((profiled - plain) / events * 1e6)
     per_call = events / ops if ops else 0.0
@@ -64,7 +67,8 @@ def measure_event_cost(*, ops: int = LOOP_OPS, rounds: int = ROUNDS,
     return {"per_event_us": statistics.median(per_round), "low_us": lo, "high_us": hi, "rounds_us": per_round,
             "events_per_call": per_call,
             "how": f"median of {len(per_round)} alternating rounds of {ops} x aten::add on one element, timed with "
-                   f"and without the Kineto profiler (CPU events, no shapes): (profiled - plain) / events"}
+                   f"and without the Kineto profiler (CPU events, no shapes): (fastest of {REPEATS} profiled - "
+                   f"fastest of {REPEATS} plain) / events"}
 
 
 def event_cost_us(capture: dict[str, Any] | None) -> float | None:
@@ -80,4 +84,4 @@ def event_cost_us(capture: dict[str, Any] | None) -> float | None:
     return max(float(v), 0.0)
 
 
-__all__ = ["LOOP_OPS", "ROUNDS", "event_cost_us", "measure_event_cost"]
+__all__ = ["LOOP_OPS", "REPEATS", "ROUNDS", "event_cost_us", "measure_event_cost"]
