@@ -126,9 +126,9 @@ def checked_embedding_bag(table: CheckedTable, indices: torch.Tensor, offsets: t
 
     Costs, beside the lookup, a gather of the R x 1 row sums with the same indices and one pass over
     the (bags x D) output (see :func:`verify_bag_output`). On the CPU, without autograd, the lookup
-    itself is a compiled kernel that returns torch's output bitwise and gathers the row sums and checks
-    the bags in the same pass (:class:`FusedCall`); otherwise torch's lookup runs, followed on the CPU
-    by one compiled call prepared before it. With a padding index torch's lookup runs and the bags are checked
+    itself is a compiled kernel that returns torch's output bitwise and checks each bag as it pools it,
+    the row sums gathered into the bags' references just before (:class:`FusedCall`); otherwise torch's
+    lookup runs, followed on the CPU by one compiled call prepared before it. With a padding index torch's lookup runs and the bags are checked
     with it left out (:func:`without_padding`; the Triton kernel skips it in its pass).
     """
     pooling_mode("checked_embedding_bag", mode)
