@@ -140,6 +140,10 @@ def test_an_attention_step_with_as_many_heads_as_its_batch_doubles_its_batch_and
     assert infer_batch(plan) == 4
     big = rescale_batch(plan, 2.0)
     assert big.metadata["batch_size"] == 8
+    old = {t["id"]: t["shape"] for t in plan.tensors}
+    growth = {int(torch.Size(t["shape"]).numel() / max(torch.Size(old[t["id"]]).numel(), 1)) for t in big.tensors
+              if torch.Size(old[t["id"]]).numel()}
+    assert growth <= {1, 2}  # twice the batch: no tensor more than twice as large (attention's saved [B, H, L] too)
     views = [op["args"][1] for op in big.ops if op["name"] == "aten::view" and len(op["args"][1]) == 4]
     assert views and all(v == [8, 8, 4, 4] for v in views)  # batch 8, heads still 4
     e = Executor(big.data, "cpu")

@@ -352,21 +352,21 @@ def _resolving_call(c: Any, kind: str, slots: list[int], old_op: dict[str, Any],
     return call
 
 
-def _saved_flat_batch(plan: Plan, b: int, mutated: set[int]) -> dict[int, set[int]]:
+def _saved_activations(plan: Plan, b: int, mutated: set[int]) -> tuple[set[int], set[int]]:
     """External tensors first read by a backward op (activations autograd saved inside a forward
-    composite, such as ``cross_entropy_loss``'s log-softmax, which the trace holds as inputs) -> the
-    dims of theirs that are the batch flattened with a data input's following dims (``B x L`` of
-    ``[B, L]`` token ids): they scale with the batch too."""
+    composite, such as ``cross_entropy_loss``'s log-softmax or attention's log-sum-exp, which the trace
+    holds as inputs), and the sizes the batch takes flattened with a data input's following dims
+    (``B x L`` of ``[B, L]`` token ids). Such a tensor's leading dim is its batch: where it is ``B`` or
+    one of those products, only it scales (a later dim equal to ``B``, heads say, is kept)."""
     tensors = {t["id"]: t for t in plan.tensors}
-    products: set[int] = set()
+    products: set[int] = {b}
     for t in _data_inputs(plan, mutated):
         if t["shape"][0] == b:
             p = b
             for d in t["shape"][1:]:
                 p *= d
-                if p > b:
-                    products.add(p)
-    out: dict[int, set[int]] = {}
+                products.add(p)
+    out: set[int] = set()
     seen: set[int] = set()
     for op in plan.ops:
         backward = "_backward" in str(op.get("name", ""))
@@ -375,9 +375,9 @@ def _saved_flat_batch(plan: Plan, b: int, mutated: set[int]) -> dict[int, set[in
                 continue
             seen.add(tid)
             t = tensors[tid]
-            if backward and t["source"] == "external" and tid not in mutated and products & set(t["shape"]):
-                out[tid] = products & set(t["shape"])
-    return out
+            if backward and t["source"] == "external" and tid not in mutated and t["shape"] and t["shape"][0] in products:
+                out.add(tid)
+    return out, products
 
 
 def rescale_batch(plan: Plan, factor: float, allow_ops: Sequence[str] = ()) -> Plan:
@@ -404,12 +404,12 @@ def rescale_batch(plan: Plan, factor: float, allow_ops: Sequence[str] = ()) -> P
     before = _meta_failures(plan, allow_ops)
     new = plan.copy()
     nt = {t["id"]: t for t in new.tensors}
-    flat = _saved_flat_batch(plan, b, mutated)
+    saved, _products = _saved_activations(plan, b, mutated)
     for t in new.tensors:
         if t["source"] in ("external", "unused"):
             shape = _rescale_dims(t["shape"], b, nb)
-            if t["id"] in flat:
-                shape = [d // b * nb if d in flat[t["id"]] else d for d in shape]
+            if t["id"] in saved:
+                shape = [t["shape"][0] // b * nb] + t["shape"][1:]
             if shape != t["shape"]:
                 t["strides"] = _dense_like(t["shape"], t.get("strides"), shape)
                 t["shape"] = shape
