@@ -286,7 +286,7 @@ def test_a_rank_that_dies_is_named_with_its_collective(ddp_capture, tmp_path, cl
     code, stderr, elapsed = _faulty_replay(ddp_capture, out, cli_run, monkeypatch, "die:1:1", "20")
     assert code == 1
     assert "rank 1 died (exit code 17)" in stderr and "before collective #1 all_reduce" in stderr
-    assert elapsed < 60
+    assert elapsed < 120  # liveness, as for the hang below
     assert (out / "rank-0" / "error.json").exists() and (out / "rank-1" / "error.json").exists()
     results = _read(out / "results.csv")
     assert {r["subject"] for r in results if r["check"] == "rank_completed" and r["status"] == "error"} >= {"rank-1"}
@@ -298,6 +298,8 @@ def test_a_rank_that_hangs_ends_the_run_within_the_timeout(ddp_capture, tmp_path
     assert code == 1
     assert "rank 0 hung: it never reached collective #1 all_reduce" in stderr
     assert "rank(s) 1 waited in" in stderr
-    assert elapsed < 45
+    # Liveness, not speed: without the watchdog the run never ends. About 11 s on a quiet 2-core host,
+    # 46 s at load 9 (two rank processes spawned and torch imported twice); a hang is unbounded.
+    assert elapsed < 120
     err = json.loads((out / "rank-1" / "error.json").read_text())
     assert "#1 all_reduce" in err["error"]
