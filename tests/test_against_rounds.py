@@ -49,27 +49,28 @@ def test_every_order_of_the_three_streams_comes_in_turn():
 
 @examples(20)
 @given(k=st.integers(1, 3), rounds=st.integers(1, 6))
-def test_every_pair_of_a_bench_and_a_base_executor_takes_an_equal_share(k, rounds):
+def test_every_executor_takes_an_equal_share_and_none_runs_twice_in_a_row(k, rounds):
     dev = FakeDevice()
-    n = rounds * k * k
+    n = rounds * k
     p = rotated_rounds(_streams(dev, [1.0] * k, [1.0] * k, [1.0] * k), clock=dev.clock, half_width=1e-9,
                        time_cap_s=3 * n - 0.5, min_rounds=n)  # a round takes 3 s of the fake clock
     assert p.rounds == n and p.warmup_rounds >= k * k
-    pairs = Counter(zip(p.executor["bench"], p.executor["base"]))
-    assert set(pairs) == set(itertools.product(range(k), range(k))) and len(set(pairs.values())) == 1
-    assert Counter(p.executor["null"]) == Counter(p.executor["base"])  # the null's executors share the rounds alike
-    warm = k * k if p.warmup_rounds == k * k else p.warmup_rounds
-    assert len(dev.calls) == 3 * (warm + n)
+    for stream in ("bench", "base", "null"):
+        used = p.executor[stream]
+        assert Counter(used) == Counter({e: rounds for e in range(k)})
+        # no stream keeps an executor from one round to the next (while another changes): equal footing
+        assert k == 1 or all(a != b for a, b in zip(used, used[1:]))
+    assert len(dev.calls) == 3 * (p.warmup_rounds + n)
 
 
 def test_an_executor_offset_enters_the_interval_instead_of_the_median():
     # two executors of one plan, one 2% slower (where its tensors sit), on both sides and in the null:
     # one executor a side could read 1.02 or 0.98 however long it is timed; rotated, the median is 1
     dev = FakeDevice()
-    p = rotated_rounds(_streams(dev, [1.0, 1.02], [1.0, 1.02], [1.02, 1.0]), clock=dev.clock, half_width=1e-9,
+    p = rotated_rounds(_streams(dev, [1.0, 1.02], [1.02, 1.0], [1.02, 1.0]), clock=dev.clock, half_width=1e-9,
                        time_cap_s=40, min_rounds=40)
     m, lo, hi = p.ratio("bench")
-    assert m == pytest.approx(1.0) and lo < 1 < hi and lo == pytest.approx(1 / 1.02) and hi == pytest.approx(1.02)
+    assert m == pytest.approx(1.0, abs=1e-3) and lo == pytest.approx(1 / 1.02) and hi == pytest.approx(1.02)
     assert p.ratio("null")[0] == pytest.approx(1.0)
 
 

@@ -45,7 +45,7 @@ from .plan import plan_from_path
 from .run import make_executor, subject_of
 from .runtime import replay_threads, steady_host_allocator
 
-#: executors per stream (BENCH, BASE, NULL): every BENCH x BASE pair comes in turn, each an equal share
+#: executors per stream (BENCH, BASE, NULL): each stream takes its next one every round, each an equal share
 EXECUTORS = 2
 
 
@@ -128,7 +128,7 @@ def rows(res: Results, subject: str, pred: routing_cost.Prediction, base_s: floa
                    f"grouped GEMM timed alone here at that group size, {pred.points} sizes, {threads} thread(s); ± the "
                    f"linear sum of their 95% half-widths) over the base benchmark's median step {base_s * 1e3:.3f} ms; "
                    "predicted before the benchmarks were timed")
-    how = (f"{rounds} rounds in this process, {EXECUTORS} executors of each plan rotated (every pair in turn) and the "
+    how = (f"{rounds} rounds in this process, {EXECUTORS} executors of each plan rotated (each stream its next every round) and the "
            f"three streams in every order in turn; load average {load[0]} -> {load[1]}")
     res.add("routing_skew_measured_ratio", subject, "ratio", ratio, low=low, high=high, status="info",
             detail=f"median ratio benchmark / base of {how}; 95% interval [{low:.4f}, {high:.4f}]")
