@@ -12,7 +12,9 @@
   op times ``mystique predict`` takes the median of;
 - ``capture.json``: what was captured, the measured step time of the uninstrumented step and the
   light profiler's cost per recorded event on this host (``profiler_event_cost``,
-  :mod:`mystique.trace.profiler_cost`);
+  :mod:`mystique.trace.profiler_cost`) and the wall times of the light steps paired with plain steps
+  timed between them (``light_reference``: ``plain_ms``, ``light_ms``; what ``mystique predict``
+  checks its prediction against, see :func:`record_pacing`);
 - ``results.csv``: the capture suite's rows (step time, trace size).
 
 TARGET is a built-in workload name (``mystique.workloads.names()``) or ``package.module:function``
@@ -226,7 +228,8 @@ def record_step(step: Callable[[], Any], target: Target, trace_path: Path, kinet
                 pacing_path: Path | None = None) -> dict[str, Any] | None:
     """Record one step with the Execution Trace observer and the Kineto profiler together; with
     ``pacing_path``, then :data:`PACING_STEPS` more steps with the Kineto profiler alone (host
-    timeline only) and the profiler's measured cost per event, which is returned (else None).
+    timeline only), each paired with a plain step, and the profiler's measured cost per event: what
+    :func:`record_pacing` returns is returned (else None).
 
     The profiler schedule runs one warm-up step (profiler started, nothing kept), then one active
     step, so the ET holds exactly one ``ProfilerStep#N``.
@@ -266,23 +269,53 @@ def record_step(step: Callable[[], Any], target: Target, trace_path: Path, kinet
 
 #: steps the light profile records after its warm-up step: ``mystique predict`` takes each op's median
 #: over them, so one slow step (the first after the execution trace was written, a preempted one)
-#: does not set the prediction; 5 is the fewest whose median outlasts two such steps
-PACING_STEPS = 5
+#: does not set the prediction; each is paired with an unprofiled step timed beside it (see
+#: :func:`record_pacing`), so 8 pairs: the plain steps' median outlasts a few slow ones
+PACING_STEPS = 8
 
 
 def record_pacing(step: Callable[[], Any], target: Target, path: Path) -> dict[str, Any]:
     """:data:`PACING_STEPS` steps under the Kineto profiler alone, CPU events only, no shapes: the
     lightest profile torch offers, so the gaps between its ops are the step's own host time (see
     :func:`mystique.trace.pacing.align_spans`); then the profiler's cost per recorded event, measured
-    on this host (:func:`mystique.trace.profiler_cost.measure_event_cost`), which is returned."""
-    with profile(activities=[ProfilerActivity.CPU], record_shapes=False,
-                 schedule=schedule(wait=0, warmup=1, active=PACING_STEPS, repeat=1),
-                 on_trace_ready=lambda prof: prof.export_chrome_trace(str(path))) as prof:
-        for _ in range(PACING_STEPS + 1):
+    on this host (:func:`mystique.trace.profiler_cost.measure_event_cost`).
+
+    Each profiled step is paired with a plain one in the same profiler session, collection toggled
+    off for it (no event recorded; order alternating pair by pair), so the step time ``mystique
+    predict`` checks its prediction of the light steps against is taken in their window: a host
+    whose speed drifts between the capture's earlier timed steps and these would otherwise read as
+    the prediction's error. Returns ``{"profiler_event_cost": ..., "light_reference": {"plain_ms",
+    "light_ms"}}`` (wall times of the pairs, in order)."""
+    cpu = [ProfilerActivity.CPU]
+    plain_ms: list[float] = []
+    light_ms: list[float] = []
+
+    def timed(label: str | None) -> float:
+        t0 = time.perf_counter()
+        if label is None:
             step()
             target.synchronize()
-            prof.step()
-    return measure_event_cost()
+        else:
+            with torch.profiler.record_function(label):
+                step()
+                target.synchronize()
+        return (time.perf_counter() - t0) * 1e3
+
+    with profile(activities=cpu, record_shapes=False) as prof:
+        timed(None)  # warm-up step under the profiler, outside every step region (not kept as a step)
+        for i in range(PACING_STEPS):
+            for on in ((False, True) if i % 2 == 0 else (True, False)):
+                prof.toggle_collection_dynamic(on, cpu)
+                if on:
+                    light_ms.append(timed(f"ProfilerStep#{i}"))
+                else:
+                    plain_ms.append(timed(None))
+        prof.toggle_collection_dynamic(True, cpu)
+    prof.export_chrome_trace(str(path))
+    return {"profiler_event_cost": measure_event_cost(),
+            "light_reference": {"plain_ms": plain_ms, "light_ms": light_ms, "pairs": PACING_STEPS,
+                                "how": "plain and light-profiled steps alternating in one profiler "
+                                       "session (collection toggled off for the plain ones)"}}
 
 
 def _profile_two_steps(step, target, et, activities, on_ready) -> None:
@@ -362,10 +395,11 @@ def capture(target_name: str, out_dir: str | os.PathLike, *, force: bool = False
     info = target.info()
     ctx = RunContext(device=o.device, device_name=info.name, torch_version=torch.__version__)
     with staged_output_dir(out_dir, force) as stage:
-        event_cost = record_step(step, target, stage / TRACE_FILE, stage / KINETO_FILE, stage / PACING_FILE)
+        light = record_step(step, target, stage / TRACE_FILE, stage / KINETO_FILE, stage / PACING_FILE) or {}
         counts = trace_counts(stage / TRACE_FILE)
         meta = capture_meta(target_name, described, o.device, info.name, o.dtype, o.seed, timing, counts)
-        meta["profiler_event_cost"] = event_cost
+        meta["profiler_event_cost"] = light.get("profiler_event_cost")
+        meta["light_reference"] = light.get("light_reference")
         meta["cpu_placement"] = pl.record
         atomic_write_text(stage / CAPTURE_FILE, json.dumps(meta, indent=2, default=str) + "\n")
         repro = (f"mystique capture {target_name} -o OUT --config {o.config} --mode {o.mode} --device {o.device} "

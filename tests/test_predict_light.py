@@ -7,6 +7,7 @@ from __future__ import annotations
 import gzip
 import json
 import shutil
+import statistics
 
 import pytest
 from hyp import examples
@@ -197,3 +198,41 @@ def test_a_capture_with_one_light_step_and_no_recorded_cost_still_predicts_from_
     assert "its one step" in step.times_from and "no per-event profiler cost" in step.times_from
     r = simulate(build_graph(step))
     assert r.step_us == pytest.approx(first.dur, rel=1e-6)  # one thread: the recorded step, to the microsecond
+
+
+def test_the_capture_check_uses_the_plain_steps_paired_with_the_light_ones_and_old_captures_their_timed_steps():
+    from mystique.predict.verify import capture_measured
+
+    timed = {"times_ms": [150.0, 160.0, 155.0], "warmup": 2}  # an earlier block, the host slower then
+    plain = [100.0, 104.0, 98.0, 101.0, 99.0, 103.0, 102.0, 97.0]
+    m = capture_measured({"step_time": timed, "light_reference": {"plain_ms": plain, "light_ms": [110.0] * 8}})
+    assert m.value == pytest.approx(100.5) and m.samples == plain
+    assert m.low <= 100.5 <= m.high and "paired" in m.how and "same window" in m.what
+    # a capture from before the pairs (or one whose pairs are unusable): its timed steps, as before
+    for meta in ({"step_time": timed}, {"step_time": timed, "light_reference": {"plain_ms": [100.0, -1.0]}}):
+        old = capture_measured(meta)
+        assert old.value == 155.0 and old.what is None and "uninstrumented steps" in old.how
+
+
+def test_a_capture_pairs_its_light_steps_with_plain_ones_and_predict_checks_against_those(capture_dir, tmp_path, cli_run):
+    from mystique.capture import PACING_STEPS
+    from mystique.results import read_csv
+
+    ref = json.loads((capture_dir / "capture.json").read_text())["light_reference"]
+    assert len(ref["plain_ms"]) == len(ref["light_ms"]) == PACING_STEPS
+    assert all(x > 0 for x in ref["plain_ms"] + ref["light_ms"])
+    # plain steps record no op event: each light step's region holds the whole step, the same ops
+    assert len({len(st.ops) for st in step_timelines(capture_dir / "pacing.json.gz")}) == 1
+    cap = tmp_path / "cap"
+    shutil.copytree(capture_dir, cap)
+    meta = json.loads((cap / "capture.json").read_text())
+    meta["step_time"]["times_ms"] = [1000.0] * len(meta["step_time"]["times_ms"])  # far off: must not be used
+    (cap / "capture.json").write_text(json.dumps(meta))
+    cli_run("predict", str(cap), "-o", str(tmp_path / "p"))
+    df = read_csv(tmp_path / "p" / "results.csv")
+    measured = df[df.check == "measured_step_time"]
+    assert float(measured.value.iloc[0]) == pytest.approx(statistics.median(ref["plain_ms"]))
+    err = df[df.check == "prediction_error"]
+    predicted = float(df[df.check == "predicted_step_time"].value.iloc[0])
+    assert float(err.value.iloc[0]) == pytest.approx(predicted / float(measured.value.iloc[0]) - 1)
+    assert "paired with the light-profiled steps" in err.detail.iloc[0]

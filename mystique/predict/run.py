@@ -234,7 +234,7 @@ def _verify_rows(res: Results, subject: str, ms: float, base_ms: float, metric: 
         predicted = ms
         res.add("measured_step_time", subject, metric, m.value, unit="ms", low=m.low, high=m.high,
                 status="info", detail=m.how)
-        what = ("the predicted step against the step the capture timed (uninstrumented, in the capturing process, "
+        what = m.what or ("the predicted step against the step the capture timed (uninstrumented, in the capturing process, "
                 "just before it recorded the step)" if metric == "vs_capture" else
                 "the step predicted from its replay's per-op times against that replay's whole iterations"
                 if metric == "vs_replay" else

@@ -20,7 +20,7 @@ import math
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ..errors import UsageError
@@ -36,6 +36,8 @@ class Measured:
     high: float
     samples: list[float]
     how: str
+    # what a prediction is checked against, for the error row's detail (None: the caller's words)
+    what: str | None = None
 
 
 def _settled(xs: list[float], window: int = 5, tol: float = 0.05) -> bool:
@@ -135,8 +137,21 @@ def measure_transform(base_plan: Any, new_plan: Any, device: str, *, seed: int, 
 
 
 def capture_measured(capture: dict[str, Any] | None) -> Measured | None:
-    """The step time a capture measured (``capture.json``: uninstrumented steps timed in the capturing
-    process right before it recorded one), as the median of its steps with that median's interval."""
+    """The step time a capture measured, as a median with its interval.
+
+    A capture that paired its light-profiled steps with plain ones (``capture.json``
+    ``light_reference.plain_ms``, see :func:`mystique.capture.record_pacing`) gives the plain steps
+    of those pairs: the prediction reproduces the light steps with the profiler's cost taken out, so
+    this checks it against steps taken in the same window, where the host ran at the same speed.
+    Older captures give the uninstrumented steps timed before the step was recorded (``step_time``),
+    as before."""
+    ref = (capture or {}).get("light_reference")
+    plain = ref.get("plain_ms") if isinstance(ref, dict) else None
+    paired = _median_of(plain, lambda n: f"median of the {n} plain steps the capture timed paired with its "
+                                         f"light-profiled steps (alternating in one profiler session)")
+    if paired is not None:
+        return replace(paired, what="the predicted step against the plain steps the capture timed paired with "
+                                    "the light-profiled steps it predicts from (same window, same host speed)")
     st = (capture or {}).get("step_time")
     times = st.get("times_ms") if isinstance(st, dict) else None
     return _median_of(times, lambda n: f"median of the {n} uninstrumented steps the capture timed before "
