@@ -68,13 +68,34 @@ OPTIONS = dict(rows=st.integers(1, 60), d=st.integers(1, 70),
                negative=st.booleans(), last=st.booleans(), tail=st.integers(0, 3), seed=st.integers(0, 2**16))
 
 
+def options(mode, padded, negative, rows, seed):
+    """``(weighted, pool, padding_idx)`` of a drawn case: "weighted" is sum pooling with per-sample weights;
+    the padding index is drawn among the rows, negative (counted from the end) where asked."""
+    weighted = mode == "weighted"
+    return weighted, "sum" if weighted else mode, (seed % rows - (rows if negative else 0)) if padded else None
+
+
+def padding_flip_cases(mode):
+    """The fixed case beside padding (index 5) and past the last offset (include_last_offset): ``(w, flipped w,
+    indices, offsets, pool, per-sample weights, bags that must alarm)`` for an exponent flip of row 3 (read by
+    bags 0 and 2) and for one of the padding row 5 (no bag)."""
+    g = torch.Generator().manual_seed(1)
+    w = torch.randn(8, 16, generator=g)
+    idx = torch.tensor([3, 1, 5, 5, 2, 3, 0, 3])  # bags [3 1 5] [5] [2 3 0]; the last 3 is past the end
+    off = torch.tensor([0, 3, 4, 7])
+    psw = torch.rand(8, generator=g) + 0.5 if mode == "weighted" else None
+    pool = "sum" if mode == "weighted" else mode
+    for row, want in ((3, [0, 2]), (5, [])):
+        wf = w.clone()
+        wf.view(torch.int32)[row, 4] ^= 1 << 29
+        yield w, wf, idx, off, pool, psw, want
+
+
 @examples(40)
 @given(**OPTIONS)
 def test_clean_lookups_with_options_never_alarm_and_are_torchs(rows, d, lengths, mode, padded, negative, last,
                                                                tail, seed):
-    weighted = mode == "weighted"
-    pool = "sum" if weighted else mode
-    pad = (seed % rows - (rows if negative else 0)) if padded else None
+    weighted, pool, pad = options(mode, padded, negative, rows, seed)
     w, idx, off, psw = _case(seed, rows, d, lengths, weighted, pad, last, tail)
     with torch.no_grad():
         out, rep = abft.checked_embedding_bag(abft.checked_table(w), idx, off, pool, per_sample_weights=psw,
@@ -117,9 +138,7 @@ def _cpu_run(idx, off, pool, psw, pad, last):
 @given(**OPTIONS, where=st.floats(0, 0.999), bit=st.integers(0, 31), col=st.integers(0, 100))
 def test_significant_flips_alarm_exactly_where_torchs_bags_read_them(rows, d, lengths, mode, padded, negative,
                                                                     last, tail, seed, where, bit, col):
-    weighted = mode == "weighted"
-    pool = "sum" if weighted else mode
-    pad = (seed % rows - (rows if negative else 0)) if padded else None
+    weighted, pool, pad = options(mode, padded, negative, rows, seed)
     w, idx, off, psw = _case(seed, rows, d, lengths, weighted, pad, last, tail)
     check_flip(w, idx, off, pool, psw, pad, last, int(where * rows), bit, col % d,
                _cpu_run(idx, off, pool, psw, pad, last))
@@ -129,15 +148,7 @@ def test_significant_flips_alarm_exactly_where_torchs_bags_read_them(rows, d, le
 def test_an_exponent_flip_alarms_in_the_bags_that_read_the_row_and_not_through_padding(mode):
     """Row 3 read by bags 0 and 2 (bag 1 reads only the padding row 5 and row 3 past the last offset): an
     exponent flip of row 3 alarms in bags 0 and 2; one of the padding row alarms nowhere."""
-    g = torch.Generator().manual_seed(1)
-    w = torch.randn(8, 16, generator=g)
-    idx = torch.tensor([3, 1, 5, 5, 2, 3, 0, 3])  # bags [3 1 5] [5] [2 3 0]; the last 3 is past the end
-    off = torch.tensor([0, 3, 4, 7])
-    psw = torch.rand(8, generator=g) + 0.5 if mode == "weighted" else None
-    pool = "sum" if mode == "weighted" else mode
-    for row, want in ((3, [0, 2]), (5, [])):
-        wf = w.clone()
-        wf.view(torch.int32)[row, 4] ^= 1 << 29
+    for w, wf, idx, off, pool, psw, want in padding_flip_cases(mode):
         table = abft.checked_table(w)
         table.weight = wf
         with torch.no_grad():

@@ -13,7 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from mystique.validators.soft_errors import triton_abft
 from mystique.validators.soft_errors.abft.bag_verdict import EmbeddingChecks
-from test_soft_errors_bag_options import OPTIONS, _case, _torch, check_flip
+from test_soft_errors_bag_options import OPTIONS, _case, _torch, check_flip, options, padding_flip_cases
 from test_soft_errors_triton import interpreted
 
 from mystique.errors import UsageError
@@ -28,16 +28,11 @@ def _fused(w, checks, idx, off, pool, psw, pad, last):
                                include_last_offset=last)
 
 
-def _options(mode, padded, negative, rows, seed):
-    weighted = mode == "weighted"
-    return weighted, "sum" if weighted else mode, (seed % rows - (rows if negative else 0)) if padded else None
-
-
 @examples(10)
 @given(**OPTIONS)
 def test_clean_fused_lookups_with_options_never_alarm_and_match_torchs(rows, d, lengths, mode, padded, negative,
                                                                        last, tail, seed):
-    weighted, pool, pad = _options(mode, padded, negative, rows, seed)
+    weighted, pool, pad = options(mode, padded, negative, rows, seed)
     w, idx, off, psw = _case(seed, rows, d, lengths, weighted, pad, last, tail)
     with interpreted():
         out, chk = _fused(w, EmbeddingChecks.of(w), idx, off, pool, psw, pad, last)
@@ -53,7 +48,7 @@ def test_clean_fused_lookups_with_options_never_alarm_and_match_torchs(rows, d, 
 @given(**OPTIONS, where=st.floats(0, 0.999), bit=st.integers(0, 31), col=st.integers(0, 100))
 def test_significant_fused_flips_alarm_exactly_where_torchs_bags_read_them(rows, d, lengths, mode, padded, negative,
                                                                           last, tail, seed, where, bit, col):
-    weighted, pool, pad = _options(mode, padded, negative, rows, seed)
+    weighted, pool, pad = options(mode, padded, negative, rows, seed)
     w, idx, off, psw = _case(seed, rows, d, lengths, weighted, pad, last, tail)
 
     def run(table, wf):
@@ -65,15 +60,7 @@ def test_significant_fused_flips_alarm_exactly_where_torchs_bags_read_them(rows,
 
 @pytest.mark.parametrize("mode", ["sum", "mean", "weighted"])
 def test_a_fused_exponent_flip_alarms_in_the_bags_that_read_the_row_and_not_through_padding(mode):
-    g = torch.Generator().manual_seed(1)
-    w = torch.randn(8, 16, generator=g)
-    idx = torch.tensor([3, 1, 5, 5, 2, 3, 0, 3])  # bags [3 1 5] [5] [2 3 0]; the last 3 is past the end
-    off = torch.tensor([0, 3, 4, 7])
-    psw = torch.rand(8, generator=g) + 0.5 if mode == "weighted" else None
-    pool = "sum" if mode == "weighted" else mode
-    for row, want in ((3, [0, 2]), (5, [])):
-        wf = w.clone()
-        wf.view(torch.int32)[row, 4] ^= 1 << 29
+    for w, wf, idx, off, pool, psw, want in padding_flip_cases(mode):
         with interpreted():
             rep = _fused(wf, EmbeddingChecks.of(w), idx, off, pool, psw, 5, True)[1].report()
         assert rep.rows == want and rep.alarm == bool(want), rep.describe()
