@@ -1,8 +1,10 @@
 """``mystique generate --batch-scale`` (and ``mystique predict --batch-scale``): the plan with its
 batch dimension scaled.
 
-The batch size ``B`` is the leading dim of the data inputs (:func:`infer_batch`). External tensors
-get every dim equal to ``B`` scaled; then the plan runs on the meta device (shape propagation), and
+The batch size ``B`` is the leading dim of the data inputs where the step consumes them
+(:mod:`mystique.replay.batch_infer`). External tensors get every dim equal to ``B`` scaled (a data
+input read slice by slice keeps its loop dims, an embedding bag's ids scale their length with the
+batch); then the plan runs on the meta device (shape propagation), and
 each op's result takes the shape it gets there. An op's size arguments are scaled as the op needs:
 
 - a view or reshape (``view``, ``reshape``, ``_unsafe_view``, ``_reshape_alias``) keeps its element
@@ -25,7 +27,6 @@ the scaled shapes but not with the recorded ones makes the rescale inconsistent:
 from __future__ import annotations
 
 import math
-from collections import Counter
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -34,10 +35,19 @@ import torch
 import mystique.replay.runtime as ex
 
 from ..errors import UsageError
+from .batch_infer import (
+    FLOAT_DTYPES,
+    batch_pool,
+    data_inputs,
+    infer_batch,
+    mutated_inputs,
+    rescaled_data_shape,
+)
 from .plan import Plan
 from .recipes import EMBEDDING_BAG_OPS, DataRecipes, named_args, offsets_segment
 
-FLOAT_DTYPES = ("float32", "float16", "bfloat16", "float64")
+__all__ = ["FLOAT_DTYPES", "infer_batch", "rescale_batch", "recompute_nbytes", "view_sizes", "expand_sizes",
+           "grad_sizes", "one_line"]
 _SIZE_TYPES = ("int[]", "SymInt[]")
 
 
@@ -45,64 +55,6 @@ def one_line(v: Any) -> str:
     """Text from a trace or from torch for a one-line message: the first line, control characters escaped."""
     s = str(v).strip().split("\n", 1)[0]
     return s if s.isprintable() else ascii(s)[1:-1]
-
-
-def _mutated_inputs(plan: Plan) -> set[int]:
-    """Tensor ids an op writes in place (outputs that are also inputs, and ``Tensor(a!)`` arguments)."""
-    out: set[int] = set()
-    for op in plan.ops:
-        ins = set(ex.op_input_ids(op))
-        out.update(t for t in ex.op_output_ids(op) if t in ins)
-        if op.get("schema"):
-            try:
-                sch = ex.parse_schema(op["schema"])
-            except ValueError:
-                continue
-            pos = [a for a in sch.args if not a.kwarg_only]
-            for sa, v in list(zip(pos, op["args"])) + [(a, op["kwargs"].get(a.name)) for a in sch.args
-                                                        if a.kwarg_only]:
-                if sa.mutable:
-                    ids: list[int] = []
-                    ex.walk_tensor_ids(v, ids)
-                    out.update(ids)
-    return out
-
-
-def infer_batch(plan: Plan) -> int:
-    """The batch size: the leading dim of the data inputs.
-
-    Data inputs are external tensors that no op writes in place (parameters and optimizer
-    states are written by the optimizer step); integer inputs (token ids, indices) are preferred,
-    then floating ones with at least two dims, in the order ops consume them.
-    """
-    pool = _data_inputs(plan, _mutated_inputs(plan))
-    if not pool:
-        raise UsageError("cannot infer the batch size: the benchmark has no data inputs")
-    counts = Counter(t["shape"][0] for t in pool)
-    best = max(counts.values())
-    # the most common leading dim; among equally common ones, that of the input consumed first
-    return next(t["shape"][0] for t in pool if counts[t["shape"][0]] == best)
-
-
-def _data_inputs(plan: Plan, mutated: set[int]) -> list[dict[str, Any]]:
-    """The external tensors :func:`infer_batch` takes the batch from (see there), in consumption order."""
-    tensors = {t["id"]: t for t in plan.tensors}
-    order: list[int] = []
-    seen: set[int] = set()
-    for op in plan.ops:
-        for tid in ex.op_input_ids(op):
-            if tid not in seen and tensors[tid]["source"] == "external":
-                seen.add(tid)
-                order.append(tid)
-    cands = [tensors[t] for t in order if t not in mutated and tensors[t]["shape"] and tensors[t]["shape"][0] > 0]
-    ints = [t for t in cands if t["dtype"] not in FLOAT_DTYPES and t["dtype"] != "bool"]
-    floats = [t for t in cands if t["dtype"] in FLOAT_DTYPES and len(t["shape"]) >= 2]
-    pool = ints or floats
-    # a leading unit dim is a broadcast buffer's (position ids), not a batch, where a data input of two or
-    # more dims has a leading dim over 1 (a batch of 1 sequence stays a batch of 1)
-    if any(t["shape"][0] > 1 and len(t["shape"]) >= 2 for t in pool):
-        pool = [t for t in pool if t["shape"][0] > 1]
-    return pool
 
 
 def _rescale_dims(shape: list[int], b: int, nb: int) -> list[int]:
@@ -360,10 +312,10 @@ def _saved_activations(plan: Plan, b: int, mutated: set[int]) -> tuple[set[int],
     one of those products, only it scales (a later dim equal to ``B``, heads say, is kept)."""
     tensors = {t["id"]: t for t in plan.tensors}
     products: set[int] = {b}
-    for t in _data_inputs(plan, mutated):
-        if t["shape"][0] == b:
+    for di in batch_pool(data_inputs(plan, mutated)):
+        if di.dims[0] == b:
             p = b
-            for d in t["shape"][1:]:
+            for d in di.dims[1:]:
                 p *= d
                 products.add(p)
     out: set[int] = set()
@@ -395,7 +347,7 @@ def rescale_batch(plan: Plan, factor: float, allow_ops: Sequence[str] = ()) -> P
     if nb == b:
         raise UsageError(f"--batch-scale {factor} leaves the batch size {b} unchanged")
     tensors = {t["id"]: t for t in plan.tensors}
-    mutated = _mutated_inputs(plan)
+    mutated = mutated_inputs(plan)
     params = [t for t in plan.tensors if t["source"] == "external" and t["id"] in mutated and b in t["shape"]]
     if params:
         t = params[0]
@@ -405,9 +357,11 @@ def rescale_batch(plan: Plan, factor: float, allow_ops: Sequence[str] = ()) -> P
     new = plan.copy()
     nt = {t["id"]: t for t in new.tensors}
     saved, _products = _saved_activations(plan, b, mutated)
+    data = {d.t["id"]: d for d in data_inputs(plan, mutated)}
     for t in new.tensors:
         if t["source"] in ("external", "unused"):
-            shape = _rescale_dims(t["shape"], b, nb)
+            d = data.get(t["id"])
+            shape = rescaled_data_shape(d, b, nb) if d is not None else _rescale_dims(t["shape"], b, nb)
             if t["id"] in saved:
                 shape = [t["shape"][0] // b * nb] + t["shape"][1:]
             if shape != t["shape"]:
@@ -441,11 +395,84 @@ def rescale_batch(plan: Plan, factor: float, allow_ops: Sequence[str] = ()) -> P
             if shape != t["shape"]:
                 t["strides"] = _dense_like(t["shape"], t.get("strides"), shape)
                 t["shape"] = shape
+    _rebase_views(plan, new)
+    _remap_segments(plan, new)
     _rescale_offsets(new)
     recompute_nbytes(new)
     new.metadata["transforms"].append({"batch_scale": factor, "batch": b, "new_batch": nb})
     new.metadata["batch_size"] = nb
     return new
+
+
+def rebased_offset(offset: int, base_offset: int, old_shape: list[int], old_strides: list[int],
+                   new_strides: list[int]) -> int | None:
+    """The storage offset of a view into a base tensor whose strides went from ``old_strides`` to
+    ``new_strides``: the view's start, read as an element of the base (its index along each dim, the
+    largest strides first), placed at that element's new position (``select(0, k)`` of ``[T, B]``
+    rescaled to ``[T, 2B]`` starts at ``k x 2B``, not ``k x B``). None when the start is not an
+    element of the base."""
+    rem = offset - base_offset
+    if rem < 0 or len(old_shape) != len(old_strides) or len(new_strides) != len(old_strides):
+        return None
+    out = base_offset
+    for i in sorted(range(len(old_shape)), key=lambda k: -old_strides[k]):
+        st = old_strides[i]
+        if st <= 0:
+            continue
+        idx = rem // st
+        if idx >= max(old_shape[i], 1):
+            return None
+        rem -= idx * st
+        out += idx * new_strides[i]
+    return out if rem == 0 else None
+
+
+def _rebase_views(old: Plan, new: Plan) -> None:
+    """Views into an external tensor whose layout the rescale changed take their start at the same
+    element of it (:func:`rebased_offset`): DLRM's per-table ``offsets[k]``."""
+    before = {t["id"]: t for t in old.tensors}
+    bases: dict[int, dict[str, Any]] = {}
+    for t in new.tensors:
+        o = before[t["id"]]
+        if t["source"] == "external" and (t["shape"] != o["shape"] or t.get("strides") != o.get("strides")):
+            bases.setdefault(t["storage"], t)
+    for t in new.tensors:
+        base = bases.get(t["storage"])
+        if base is None or t is base or t["source"] == "external" or int(t["offset"]) == int(base["offset"]):
+            continue
+        ob = before[base["id"]]
+        got = rebased_offset(int(before[t["id"]]["offset"]), int(ob["offset"]), ob["shape"],
+                             ob.get("strides") or ex.contiguous_strides(ob["shape"]),
+                             base.get("strides") or ex.contiguous_strides(base["shape"]))
+        if got is not None:
+            t["offset"] = got
+
+
+def _view_key(t: dict[str, Any]) -> tuple[int, int, int]:
+    """A view's place in its storage as value recipes' segments name it: (offset, elements, last stride)."""
+    strides = t.get("strides") or [1]
+    return int(t["offset"]), int(math.prod(t["shape"])), int(strides[-1] or 1) if t["shape"] else 1
+
+
+def _remap_segments(old: Plan, new: Plan) -> None:
+    """Value recipes kept per view of a storage (``segments``: ``[start, count, stride, ...]``, an
+    embedding bag's ids drawn below each table's rows) follow their views to where the rescale put them:
+    table k's ids start at ``k x`` the new ids per table and hold as many (bag offsets: see
+    :func:`_rescale_offsets`)."""
+    before = {t["id"]: t for t in old.tensors}
+    moved: dict[int, dict[tuple[int, int, int], tuple[int, int, int]]] = {}
+    for t in new.tensors:
+        k0, k1 = _view_key(before[t["id"]]), _view_key(t)
+        if k0 != k1:
+            moved.setdefault(t["storage"], {}).setdefault(k0, k1)
+    for st in new.storages:
+        recipe = st.get("recipe") or {}
+        if st["id"] not in moved or recipe.get("kind") == "offsets" or not isinstance(recipe.get("segments"), list):
+            continue
+        m = moved[st["id"]]
+        segs = [list(m.get(tuple(seg[:3]), tuple(seg[:3]))) + list(seg[3:]) if len(seg) >= 3 else seg
+                for seg in recipe["segments"]]
+        st["recipe"] = {**recipe, "segments": segs}
 
 
 def _rescale_offsets(plan: Plan) -> None:
