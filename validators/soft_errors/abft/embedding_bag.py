@@ -162,7 +162,7 @@ def checked_embedding_bag(table: CheckedTable, indices: torch.Tensor, offsets: t
         return F.embedding_bag(idx, table.weight, off, mode=mode, per_sample_weights=per_sample_weights)
 
     done = None if exact_ratio or per_sample_weights is not None else \
-        fused_checked(table.fused(), idx, off, mode, 4.0, lam, (op, "float32", shape), bags, lookup)
+        fused_checked(table.fused(), idx, off, mode, 4.0, lam, (op, "float32", shape), bags, lookup, keep=False)
     return done[:2] if done is not None else _checked_lookup(table.fused(), bags(), exact_ratio, lookup)
 
 
@@ -183,6 +183,10 @@ def _checked_lookup(ft: FusedTable | None, bag: Bags, exact_ratio: bool, lookup:
                                   op=bag.op, dtype=bag.dtype, shape=bag.shape, exact_ratio=exact_ratio)
 
 
+#: the report's op of a checked 8-bit lookup by pooling mode
+_OPS_8BIT = {"sum": "embedding_bag_8bit_sum", "mean": "embedding_bag_8bit_mean"}
+
+
 def checked_quantized_embedding_bag(table: QuantizedTable, indices: torch.Tensor,
                                     offsets: torch.Tensor | None = None, mode: str = "sum", *,
                                     lam: float | None = None, exact_ratio: bool = False
@@ -193,11 +197,13 @@ def checked_quantized_embedding_bag(table: QuantizedTable, indices: torch.Tensor
     would be dequantized with the row's own scale and bias, so a flip of those would move the
     reference with the result and go unseen.
     """
-    pooling_mode("checked_quantized_embedding_bag", mode)
-    idx, off = bags_args(indices, offsets)
-    op, shape = f"embedding_bag_8bit_{mode}", (table.packed.shape[0], table.dim, off.shape[0])
+    if mode != "sum" and mode != "mean":  # (each operation here is on the hot path of a lookup: fused_checked)
+        pooling_mode("checked_quantized_embedding_bag", mode)
+    idx, off = (indices, offsets) if offsets is not None and indices.dim() == 1 else bags_args(indices, offsets)
+    packed = table.packed
+    op, shape = _OPS_8BIT[mode], (packed.shape[0], table.dim, off.shape[0])
 
-    if table.packed.is_cuda and not exact_ratio and cuda_wanted(table.packed, idx, off):
+    if packed.is_cuda and not exact_ratio and cuda_wanted(packed, idx, off):
         from ..triton_abft.bag import fused_quantized_bag  # (the fused Triton kernel, issue 32)
 
         out, chk = fused_quantized_bag(table, idx, off, mode, lam=lam)
@@ -210,5 +216,5 @@ def checked_quantized_embedding_bag(table: QuantizedTable, indices: torch.Tensor
         return quantized_embedding_bag(table, idx, off, mode)
 
     done = None if exact_ratio else fused_checked(table.fused(), idx, off, mode, 6.0, lam, (op, "uint8", shape), bags,
-                                                   lookup)
+                                                   lookup, keep=False)
     return done[:2] if done is not None else _checked_lookup(table.fused(), bags(), exact_ratio, lookup)

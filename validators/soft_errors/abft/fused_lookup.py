@@ -112,21 +112,34 @@ class FusedCall:
 
 def fused_checked(ft: FusedTable | None, idx: torch.Tensor, off: torch.Tensor, mode: str, extra: float,
                   lam: float | None, meta: tuple[str, str, tuple[int, ...]], make: Callable[[], Bags],
-                  lookup: Callable[[], torch.Tensor]) -> tuple[torch.Tensor, CheckReport, FusedCall | None] | None:
+                  lookup: Callable[[], torch.Tensor], keep: bool = True
+                  ) -> tuple[torch.Tensor, CheckReport, FusedCall | None] | None:
     """:meth:`FusedCall.of` and :meth:`FusedCall.run` (with ``check``) of an unweighted call over ``ft``'s
-    checksums, with fewer Python operations (no :class:`Bags` unless needed): every Python operation of a
-    lookup runs with cold caches right after the previous lookup, at several times its cost in a loop.
-    ``meta``: (op, dtype, shape) of the report;
-    ``make()``: the :class:`Bags`, made only where the exact path needs them. Returns ``(out, report,
-    call)`` (``call`` None where the kernel fell back to ``lookup()``: no references), or None where
-    :meth:`FusedCall.of` would refuse the call."""
+    checksums, with fewer Python operations (no :class:`Bags` unless needed; without ``keep`` no
+    :class:`FusedCall` either, unless the exact path needs one): every Python operation of a lookup runs with
+    cold caches right after the previous lookup, at several times its cost in a loop (the checked 8-bit
+    lookup, 100000 x 64, 2048 bags of 40: this function and its caller's preamble, written as layers of
+    calls, cost +5% of the lookup against the kernel called bare). ``meta``: (op, dtype, shape) of the
+    report; ``make()``: the :class:`Bags`, made only where the exact path needs them. Returns ``(out,
+    report, call)`` (``call`` None without ``keep`` or where the kernel fell back to ``lookup()``: no
+    references), or None where :meth:`FusedCall.of` would refuse the call."""
     if not _fusable(ft, idx, off, mode) or not off.shape[0] or (ft.tensor.requires_grad and torch.is_grad_enabled()) \
             or not fused_lookups_agree(ft.quantized, False):
         return None
-    _, tiny, c_lb = bag_constants(idx.shape[0], ft.d, extra, 0.0, lam)
-    call = FusedCall._made(ft, idx, off, None, off.shape[0], mode, (c_lb, tiny), meta, None, make)
-    out, rep = call.run(lookup)
-    return out, rep, call if call.referenced else None
+    nb, d = off.shape[0], ft.d
+    _, tiny, c_lb = bag_constants(idx.shape[0], d, extra, 0.0, lam)
+    out = torch.empty((nb, d), dtype=torch.float32, device="cpu")
+    buf = np.empty((2, nb))  # per-bag reference and output sums
+    worst = raw("bag_lookup")(0, nb, ft.view, idx.numpy(), off.numpy(), out.numpy(), ft.rowsum, None, mode == "mean",
+                              True, c_lb, tiny, buf[0], buf[1])
+    if 0.0 <= worst <= CLEAR and not keep:  # (the commonest call: clean, nothing kept; NaN and -1 go below)
+        return out, CheckReport(meta[0], meta[1], False, worst, True, [], [], None, meta[2]), None
+    call = FusedCall._made(ft, idx, off, None, nb, mode, (c_lb, tiny), meta, None, make)
+    if worst == -1.0:  # (no references: see FusedCall.referenced)
+        out = lookup()
+        return out, bag_exact(call.bag, out.reshape(-1, d).float(), False), None
+    call.buf = buf
+    return out, call._decide(worst, out), call
 
 
 def _fusable(ft: FusedTable | None, idx: torch.Tensor, off: torch.Tensor | None, mode: str) -> bool:
