@@ -84,9 +84,53 @@ def test_each_op_takes_its_median_over_the_steps_so_one_slow_step_sets_nothing()
              [("aten::mm", 1.0, 91.0, 10), ("aten::relu", 95.0, 135.0, 11)],  # a slow step
              [("aten::mm", 1.0, 13.0, 10), ("aten::relu", 15.0, 18.0, 11)]]
     lt = light_times(_matched(steps, [20.0, 140.0, 20.0]), 3, ops, [1, 1], None)
-    assert lt.host_us == {0: 12.0, 1: 3.0} and lt.gap_us == {1: 2.0}
-    assert (lt.lead_us, lt.tail_us, lt.steps, lt.cost_us) == (1.0, 5.0, 3, None)
+    # medians: mm 12, relu 3, gap 2, lead 1, tail 5 (23 in all), scaled to the median step's 20 (module docstring)
+    k = 20.0 / 23.0
+    assert lt.scale == pytest.approx(k)
+    assert lt.host_us == pytest.approx({0: 12.0 * k, 1: 3.0 * k}) and lt.gap_us == pytest.approx({1: 2.0 * k})
+    assert (lt.lead_us, lt.tail_us, lt.steps, lt.cost_us) == (pytest.approx(k), pytest.approx(5.0 * k), 3, None)
     assert "median of 3 steps" in lt.describe("pacing.json.gz") and "no per-event profiler cost" in lt.describe("p")
+
+
+def _total(x) -> float:
+    return x.lead_us + x.tail_us + sum(x.host_us.values()) + sum(x.gap_us.values())
+
+
+def test_ops_each_slow_in_a_different_step_add_up_to_the_median_step_not_the_sum_of_their_medians():
+    """Three ops of 10 us, each 20 us in one of three steps: every step lasts 40 us of ops, the medians
+    sum to 30 (the prediction was 25% short, and so leaned negative on every capture)."""
+    ops = [{"index": i, "rf_id": i} for i in range(3)]
+    steps = []
+    for slow in range(3):
+        t, evs = 1.0, []
+        for i in range(3):
+            d = 20.0 if i == slow else 10.0
+            evs.append(("aten::op", t, t + d, i))
+            t += d
+        steps.append(evs)
+    lt = light_times(_matched(steps, [41.0] * 3), 3, ops, [0, 0, 0], None)
+    assert _total(lt) == pytest.approx(41.0)  # the median step: lead 1 + 40 of ops
+    k = 41.0 / 31.0  # medians: 10 per op and a lead of 1
+    assert lt.host_us == pytest.approx({0: 10 * k, 1: 10 * k, 2: 10 * k})  # equal medians, equal shares
+    assert "scaled by 1.3" in lt.describe("pacing.json.gz")
+
+
+@given(st.lists(st.lists(st.floats(1, 100), min_size=3, max_size=3), min_size=1, max_size=7).filter(
+    lambda s: len(s) % 2 == 1))
+@examples(50)
+def test_the_op_times_add_up_to_the_median_of_the_steps_totals(durs):
+    """Law (all ops matched, an odd number of steps): the predicted step is the median step."""
+    ops = [{"index": i, "rf_id": i} for i in range(3)]
+    steps, ends = [], []
+    for ds in durs:
+        t, evs = 1.0, []
+        for i, d in enumerate(ds):
+            evs.append(("aten::op", t, t + d, i))
+            t += d + 0.5
+        steps.append(evs)
+        ends.append(t + 2.0)
+    lt = light_times(_matched(steps, ends), len(steps), ops, [0, 0, 0], None)
+    assert _total(lt) == pytest.approx(statistics.median(e - 0.0 for e in ends))
 
 
 @given(st.lists(st.tuples(st.integers(0, 4), st.integers(0, 2), st.floats(10, 100), st.floats(10, 100)),
