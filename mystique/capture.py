@@ -31,7 +31,6 @@ import math
 import os
 import platform
 import re
-import shutil
 import socket
 import statistics
 import sys
@@ -52,6 +51,7 @@ from .progress import Progress
 from .refs import import_callable
 from .results import Results, RunContext, utc_now, write_csv
 from .targets import Target, check_device
+from .trace.files import export_chrome_trace, gzip_file
 from .trace.profiler_cost import measure_event_cost
 from .trace.values import VALUE_OPS, VALUES_FILE, collect, resource_dir
 
@@ -241,7 +241,7 @@ def record_step(step: Callable[[], Any], target: Target, trace_path: Path, kinet
     exported: list[bool] = []
 
     def on_ready(prof) -> None:
-        prof.export_chrome_trace(str(kineto_path))
+        export_chrome_trace(prof, kineto_path)
         exported.append(True)
 
     os.environ["ENABLE_PYTORCH_EXECUTION_TRACE_SAVE_INTEGRAL_TENSOR_DATA"] = ",".join(VALUE_OPS)
@@ -255,9 +255,7 @@ def record_step(step: Callable[[], Any], target: Target, trace_path: Path, kinet
     with contextlib.redirect_stdout(sys.stderr):
         _profile_two_steps(step, target, et, activities, on_ready)
     if raw_path != trace_path and raw_path.exists():
-        with open(raw_path, "rb") as src, gzip.open(trace_path, "wb") as dst:
-            shutil.copyfileobj(src, dst)
-        raw_path.unlink()
+        gzip_file(raw_path, trace_path)
     if not exported or not trace_path.exists():
         raise RuntimeError("the profiler recorded no step")
     # recorded routing and document ids, where the step had any (values.json beside the trace)
@@ -311,7 +309,7 @@ def record_pacing(step: Callable[[], Any], target: Target, path: Path) -> dict[s
                 else:
                     plain_ms.append(timed(None))
         prof.toggle_collection_dynamic(True, cpu)
-    prof.export_chrome_trace(str(path))
+    export_chrome_trace(prof, path)
     return {"profiler_event_cost": measure_event_cost(),
             "light_reference": {"plain_ms": plain_ms, "light_ms": light_ms, "pairs": PACING_STEPS,
                                 "how": "plain and light-profiled steps alternating in one profiler "

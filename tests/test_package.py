@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -83,14 +84,25 @@ def test_every_package_folder_is_listed_for_the_wheel():
 
 
 def test_each_workloads_module_imports_no_other_part_of_mystique():
-    """``workloads`` needs only torch: importing any of its modules alone loads no ``mystique.*`` module
-    but the package root and ``mystique.workloads.*`` (the standalone runtime and the validators build
-    on workloads, never the other way)."""
+    """``workloads`` needs only torch: importing any of its modules loads no ``mystique.*`` module but the
+    package root and ``mystique.workloads.*`` (the standalone runtime and the validators build on
+    workloads, never the other way). One interpreter, torch loaded first, each module's import diffed
+    against what was loaded before it: a forbidden import shows in the diff of the first module that
+    makes it (an interpreter per module cost a torch import each, 15 s of the default run)."""
     names = sorted(p.stem for p in (REPO / "workloads").glob("*.py") if p.stem != "__init__")
     assert {"base", "llama", "dlrm", "bert"} <= set(names)
+    code = ("import importlib, json, sys, torch\nnew = {}\n"
+            f"for name in {names!r}:\n"
+            "    before = set(sys.modules)\n"
+            "    importlib.import_module('mystique.workloads.' + name)\n"
+            "    new[name] = sorted(set(sys.modules) - before)\n"
+            "print(json.dumps(new))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    new = json.loads(out.stdout.strip().splitlines()[-1])
+    loaded: set[str] = set()
     for name in names:
-        mods = _modules_after(f"import mystique.workloads.{name}")
-        assert f"mystique.workloads.{name}" in mods
-        others = sorted(m for m in mods if m.startswith("mystique.")
-                        and m != "mystique.workloads" and not m.startswith("mystique.workloads."))
-        assert not others and "mystique.workloads" in mods, (name, others)
+        loaded |= set(new[name])
+        assert {"mystique.workloads", f"mystique.workloads.{name}"} <= loaded, name
+        others = [m for m in new[name] if m.startswith("mystique.")
+                  and m != "mystique.workloads" and not m.startswith("mystique.workloads.")]
+        assert not others, (name, others)

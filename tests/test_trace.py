@@ -475,3 +475,22 @@ def test_op_or_label(name, schema, backend, is_op):
     node = Node(id=5, name=name, parent=1, op_schema=schema, kernel_backend=backend)
     assert node.is_op is is_op
     assert node.is_label is (not is_op)
+
+
+@pytest.mark.parametrize("name", ["kineto.json.gz", "kineto.json"])
+def test_a_profile_exported_by_capture_reads_back_the_same_with_no_file_left_beside_it(tmp_path, name):
+    import torch
+
+    from mystique.trace.files import export_chrome_trace
+    from mystique.trace.kineto import read_kineto
+
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        with torch.profiler.record_function("ProfilerStep#3"):
+            torch.ones(8).add(1)
+    export_chrome_trace(prof, tmp_path / name)
+    assert [p.name for p in tmp_path.iterdir()] == [name]
+    if name.endswith(".gz"):
+        with gzip.open(tmp_path / name, "rb") as f:
+            assert json.load(f)["traceEvents"]
+    times = read_kineto(tmp_path / name)
+    assert list(times.steps_us) == [3] and times.steps_us[3] > 0

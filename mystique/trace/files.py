@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import gzip
 import json
 import os
 import re
+import shutil
 import tarfile
 import zlib
 from collections.abc import Iterator, Sequence
@@ -172,3 +174,27 @@ def gc_paused() -> Iterator[None]:
     finally:
         if was:
             gc.enable()
+
+
+#: zlib level of the traces capture writes. torch's own ``export_chrome_trace`` to a ``.gz`` path
+#: gzips line by line at level 9: 0.89 s for a 6.6 MB light profile (llama debug train) against 0.09 s
+#: in 1 MiB blocks at level 6, for a file 11% larger (this 2-core host); every capture writes two.
+GZIP_LEVEL = 6
+
+
+def gzip_file(src: Path, dst: Path) -> None:
+    """Compress ``src`` into ``dst`` (gzip at :data:`GZIP_LEVEL`, 1 MiB blocks), then remove ``src``."""
+    with open(src, "rb") as fin, gzip.open(dst, "wb", compresslevel=GZIP_LEVEL) as fout:
+        shutil.copyfileobj(fin, fout, 1 << 20)
+    src.unlink()
+
+
+def export_chrome_trace(prof: Any, path: Path) -> None:
+    """``prof.export_chrome_trace`` (a ``torch.profiler`` profile) to ``path``; a ``.gz`` path is
+    exported uncompressed beside it, then compressed by :func:`gzip_file`."""
+    if path.suffix != ".gz":
+        prof.export_chrome_trace(str(path))
+        return
+    raw = path.with_suffix("")
+    prof.export_chrome_trace(str(raw))
+    gzip_file(raw, path)
