@@ -73,6 +73,7 @@ from .abft.device_linear import (
     encode_device_linear,
     gemm_path,
 )
+from .abft.embedding_bag import without_padding
 from .abft.fused_lookup import fused_checked
 from .triton_abft import guard as fused_guard
 from .triton_abft.guard import installable as fused_installable
@@ -319,15 +320,27 @@ def _call_args(args: tuple[Any, ...], kwargs: dict[str, Any], bag: bool) -> tupl
 def _lookup_args(mod: nn.Module, inputs: tuple[Any, ...], bag: bool
                  ) -> tuple[Any, torch.Tensor | None, torch.Tensor | None, str] | None:
     """``(indices, offsets, per_sample_weights, mode)`` of an Embedding/EmbeddingBag call, or None when
-    it cannot be checked (a padding index: its row is left out of the bag, which no row checksum knows)."""
-    if bag and getattr(mod, "padding_idx", None) is not None:
-        return None
+    it cannot be checked. With a padding index the bags are those torch pools: the padding entries left out
+    (:func:`.abft.embedding_bag.without_padding`; 1-D indices then); None where torch's CPU lookup pools
+    indices past the last offset (a padding index with ``include_last_offset``: see checked_embedding_bag)
+    or where torch will refuse the arguments."""
     indices = inputs[0]
     offsets = inputs[1] if len(inputs) > 1 and bag else None
     psw = inputs[2] if len(inputs) > 2 and bag else None
+    pad = getattr(mod, "padding_idx", None) if bag else None
+    mode = getattr(mod, "mode", "sum") if bag else "none"
+    if pad is not None and not (isinstance(indices, torch.Tensor) and indices.dim() in (1, 2) and
+                                (indices.dim() == 2) != (offsets is not None) and
+                                (psw is None or (isinstance(psw, torch.Tensor) and psw.numel() == indices.numel()))):
+        return None  # (torch reports these)
     if bag and getattr(mod, "include_last_offset", False) and offsets is not None:
+        if pad is not None and (not offsets.numel() or int(offsets[-1]) != indices.numel()):
+            return None
         offsets = offsets[:-1]
-    return indices, offsets, psw, getattr(mod, "mode", "sum") if bag else "none"
+    if pad is None:
+        return indices, offsets, psw, mode
+    idx, off = bags_args(indices, offsets)
+    return (*without_padding(idx, off, None if psw is None else psw.reshape(-1), pad), mode)
 
 
 class _ProtectedForward:
@@ -390,7 +403,8 @@ def _prepare_lookup(mod: nn.Module, inputs: tuple[Any, ...], bag: bool, kind: st
         u_out = UNIT_ROUNDOFF[w.dtype] if w.dtype != torch.float32 else 0.0
         checks = checks_of(w)
         bags = Bags(checks, idx, off, largs[3], psw, nb, d, 4.0, u_out, lam, kind, dtype_name(w.dtype), (nb, d))
-        if w.dtype is torch.float32 and mod.max_norm is None and not mod.include_last_offset:
+        if w.dtype is torch.float32 and mod.max_norm is None and not mod.include_last_offset and \
+                mod.padding_idx is None:  # (torch's lookup with a padding index: checked after it)
             call = FusedCall.of(fused.get(_key(w), lambda: fused_table(w, checks, d)), bags)
             if call is not None:
                 return call
