@@ -225,11 +225,11 @@ def step_spread(median_ms: float, iqr_ms: float, iters: int) -> dict[str, Any]:
 
 
 def record_step(step: Callable[[], Any], target: Target, trace_path: Path, kineto_path: Path,
-                pacing_path: Path | None = None) -> dict[str, Any] | None:
+                pacing_path: Path | None = None, pairs: int = 0) -> dict[str, Any] | None:
     """Record one step with the Execution Trace observer and the Kineto profiler together; with
     ``pacing_path``, then :data:`PACING_STEPS` more steps with the Kineto profiler alone (host
-    timeline only), each paired with a plain step, and the profiler's measured cost per event: what
-    :func:`record_pacing` returns is returned (else None).
+    timeline only; ``pairs`` of them where that is more), each paired with a plain step, and the
+    profiler's measured cost per event: what :func:`record_pacing` returns is returned (else None).
 
     The profiler schedule runs one warm-up step (profiler started, nothing kept), then one active
     step, so the ET holds exactly one ``ProfilerStep#N``.
@@ -262,18 +262,29 @@ def record_step(step: Callable[[], Any], target: Target, trace_path: Path, kinet
     collect(trace_path, resource_dir(raw_path), trace_path.parent / VALUES_FILE)
     if pacing_path is None:
         return None
-    return record_pacing(step, target, pacing_path)
+    return record_pacing(step, target, pacing_path, pairs)
 
 
 #: steps the light profile records after its warm-up step: ``mystique predict`` takes each op's median
 #: over them, so one slow step (the first after the execution trace was written, a preempted one)
 #: does not set the prediction; each is paired with an unprofiled step timed beside it (see
-#: :func:`record_pacing`), so 8 pairs: the plain steps' median outlasts a few slow ones
+#: :func:`record_pacing`), so 8 pairs: the plain steps' median outlasts a few slow ones. A capture with
+#: more ``--steps`` takes as many pairs (:func:`pacing_pairs`)
 PACING_STEPS = 8
 
 
-def record_pacing(step: Callable[[], Any], target: Target, path: Path) -> dict[str, Any]:
-    """:data:`PACING_STEPS` steps under the Kineto profiler alone, CPU events only, no shapes: the
+def pacing_pairs(steps: int) -> int:
+    """Light/plain pairs a capture of ``steps`` timed steps records: :data:`PACING_STEPS`, or ``steps``
+    where that is more. What ``predict`` judges its self-prediction by is the median of the pairs'
+    ratios (:func:`mystique.predict.verify.capture_measured`); its 95% interval is about ``+-2.5 s /
+    sqrt(n)`` for a spread ``s`` of one pair's ratio (the median's asymptotic standard error, 1.2533 s
+    / sqrt(n), times 1.96): at this 2-core host's 10%, 8 pairs give about +-9%, 40 pairs +-4%, so a
+    figure judged against a 6% bound wants ``--steps 40`` (each pair costs two steps)."""
+    return max(PACING_STEPS, int(steps))
+
+
+def record_pacing(step: Callable[[], Any], target: Target, path: Path, pairs: int = 0) -> dict[str, Any]:
+    """:data:`PACING_STEPS` (or ``pairs``, where more) steps under the Kineto profiler alone, CPU events only, no shapes: the
     lightest profile torch offers, so the gaps between its ops are the step's own host time (see
     :func:`mystique.trace.pacing.align_spans`); then the profiler's cost per recorded event, measured
     on this host (:func:`mystique.trace.profiler_cost.measure_event_cost`).
@@ -299,9 +310,10 @@ def record_pacing(step: Callable[[], Any], target: Target, path: Path) -> dict[s
                 target.synchronize()
         return (time.perf_counter() - t0) * 1e3
 
+    n = max(PACING_STEPS, pairs)
     with profile(activities=cpu, record_shapes=False) as prof:
         timed(None)  # warm-up step under the profiler, outside every step region (not kept as a step)
-        for i in range(PACING_STEPS):
+        for i in range(n):
             for on in ((False, True) if i % 2 == 0 else (True, False)):
                 prof.toggle_collection_dynamic(on, cpu)
                 if on:
@@ -311,7 +323,7 @@ def record_pacing(step: Callable[[], Any], target: Target, path: Path) -> dict[s
         prof.toggle_collection_dynamic(True, cpu)
     export_chrome_trace(prof, path)
     return {"profiler_event_cost": measure_event_cost(),
-            "light_reference": {"plain_ms": plain_ms, "light_ms": light_ms, "pairs": PACING_STEPS,
+            "light_reference": {"plain_ms": plain_ms, "light_ms": light_ms, "pairs": n,
                                 "how": "plain and light-profiled steps alternating in one profiler "
                                        "session (collection toggled off for the plain ones)"}}
 
@@ -393,7 +405,8 @@ def capture(target_name: str, out_dir: str | os.PathLike, *, force: bool = False
     info = target.info()
     ctx = RunContext(device=o.device, device_name=info.name, torch_version=torch.__version__)
     with staged_output_dir(out_dir, force) as stage:
-        light = record_step(step, target, stage / TRACE_FILE, stage / KINETO_FILE, stage / PACING_FILE) or {}
+        light = record_step(step, target, stage / TRACE_FILE, stage / KINETO_FILE, stage / PACING_FILE,
+                            pacing_pairs(o.steps)) or {}
         counts = trace_counts(stage / TRACE_FILE)
         meta = capture_meta(target_name, described, o.device, info.name, o.dtype, o.seed, timing, counts)
         meta["profiler_event_cost"] = light.get("profiler_event_cost")

@@ -249,9 +249,13 @@ def test_the_capture_check_uses_the_plain_steps_paired_with_the_light_ones_and_o
 
     timed = {"times_ms": [150.0, 160.0, 155.0], "warmup": 2}  # an earlier block, the host slower then
     plain = [100.0, 104.0, 98.0, 101.0, 99.0, 103.0, 102.0, 97.0]
-    m = capture_measured({"step_time": timed, "light_reference": {"plain_ms": plain, "light_ms": [110.0] * 8}})
+    m = capture_measured({"step_time": timed, "light_reference": {"plain_ms": plain}})  # light steps not kept
     assert m.value == pytest.approx(100.5) and m.samples == plain
     assert m.low <= 100.5 <= m.high and "paired" in m.how and "same window" in m.what
+    light = [1.1 * x for x in plain]  # each light step 10% over the plain step beside it
+    m = capture_measured({"step_time": timed, "light_reference": {"plain_ms": plain, "light_ms": light}})
+    assert (m.value, m.low, m.high) == pytest.approx((100.5, 100.5, 100.5))
+    assert "median ratio light/plain 1.1000" in m.how and "drift between pairs cancels" in m.what
     # a capture from before the pairs (or one whose pairs are unusable): its timed steps, as before
     for meta in ({"step_time": timed}, {"step_time": timed, "light_reference": {"plain_ms": [100.0, -1.0]}}):
         old = capture_measured(meta)
@@ -275,8 +279,44 @@ def test_a_capture_pairs_its_light_steps_with_plain_ones_and_predict_checks_agai
     cli_run("predict", str(cap), "-o", str(tmp_path / "p"))
     df = read_csv(tmp_path / "p" / "results.csv")
     measured = df[df.check == "measured_step_time"]
-    assert float(measured.value.iloc[0]) == pytest.approx(statistics.median(ref["plain_ms"]))
+    ratio = statistics.median(a / b for a, b in zip(ref["light_ms"], ref["plain_ms"]))
+    assert float(measured.value.iloc[0]) == pytest.approx(statistics.median(ref["light_ms"]) / ratio)
     err = df[df.check == "prediction_error"]
     predicted = float(df[df.check == "predicted_step_time"].value.iloc[0])
     assert float(err.value.iloc[0]) == pytest.approx(predicted / float(measured.value.iloc[0]) - 1)
-    assert "paired with the light-profiled steps" in err.detail.iloc[0]
+    assert "the plain step its light/plain pairs give" in err.detail.iloc[0]
+
+
+@given(st.lists(st.floats(50, 200), min_size=3, max_size=12), st.floats(0.8, 1.2), st.floats(0.0, 0.05))
+@examples(50)
+def test_a_host_drifting_from_pair_to_pair_moves_both_steps_of_a_pair_and_cancels(speeds, ratio, jitter):
+    """Law: pairs whose light step is ``ratio`` x its plain one (within ``jitter``), on a host whose speed
+    varies freely from pair to pair, give the plain step as the light median / ``ratio``, its interval
+    within the jitter (the plain steps' own median interval spans the drift)."""
+    from mystique.predict.verify import capture_measured
+
+    plain = list(speeds)
+    light = [p * ratio * (1 + jitter * (-1) ** i) for i, p in enumerate(plain)]
+    m = capture_measured({"light_reference": {"plain_ms": plain, "light_ms": light}})
+    r = statistics.median(a / b for a, b in zip(light, plain))
+    assert m.value == pytest.approx(statistics.median(light) / r)
+    assert m.low <= m.value <= m.high
+    assert m.high / m.low <= (1 + jitter) / (1 - jitter) * (1 + 1e-9)
+
+
+def test_a_capture_with_more_steps_than_the_default_pairs_takes_as_many_pairs(tmp_path):
+    import torch
+
+    from mystique.capture import PACING_STEPS, pacing_pairs, record_pacing
+
+    assert pacing_pairs(1) == pacing_pairs(PACING_STEPS) == PACING_STEPS and pacing_pairs(40) == 40
+
+    class _Host:
+        def synchronize(self):
+            pass
+
+    x = torch.ones(8)
+    out = record_pacing(lambda: torch.relu(x + 1), _Host(), tmp_path / "pacing.json.gz", pairs=11)
+    ref = out["light_reference"]
+    assert ref["pairs"] == len(ref["plain_ms"]) == len(ref["light_ms"]) == 11
+    assert len(step_timelines(tmp_path / "pacing.json.gz")) == 11

@@ -16,7 +16,9 @@ from .group import cli
 @click.option("--mode", default="train", show_default=True, type=click.Choice(("train", "infer")))
 @options.device
 @options.dtype
-@click.option("--steps", default=5, show_default=True, type=click.IntRange(1), help="Timed uninstrumented steps.")
+@click.option("--steps", default=5, show_default=True, type=click.IntRange(1),
+              help="Timed uninstrumented steps; where more than 8, also the pairs of a light-profiled and a plain "
+                   "step that `predict` checks its self-prediction against (8 otherwise).")
 @click.option("--warmup", default=2, show_default=True, type=click.IntRange(0), help="Warm-up steps.")
 @options.seed
 @options.force

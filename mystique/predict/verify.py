@@ -140,13 +140,21 @@ def capture_measured(capture: dict[str, Any] | None) -> Measured | None:
     """The step time a capture measured, as a median with its interval.
 
     A capture that paired its light-profiled steps with plain ones (``capture.json``
-    ``light_reference.plain_ms``, see :func:`mystique.capture.record_pacing`) gives the plain steps
-    of those pairs: the prediction reproduces the light steps with the profiler's cost taken out, so
-    this checks it against steps taken in the same window, where the host ran at the same speed.
-    Older captures give the uninstrumented steps timed before the step was recorded (``step_time``),
-    as before."""
+    ``light_reference``, see :func:`mystique.capture.record_pacing`) gives the plain step as the pairs
+    give it: the light steps' median over the median of the pairs' ratios light / plain, with the
+    interval of that median ratio. The prediction reproduces the light steps with the profiler's cost
+    taken out, so this checks it against plain steps taken beside them; each step is compared with its
+    own pair's, so a host whose speed drifts from pair to pair moves both and cancels (a median of
+    the plain steps alone carries that drift into its interval: over 40 pairs of dlrm small train on
+    this host, with another process starting midway, the plain steps' median interval was 58% wide,
+    the paired ratio's 7%). Where the light steps were not kept, the plain steps' median; older
+    captures give the uninstrumented steps timed before the step was recorded (``step_time``)."""
     ref = (capture or {}).get("light_reference")
     plain = ref.get("plain_ms") if isinstance(ref, dict) else None
+    light = ref.get("light_ms") if isinstance(ref, dict) else None
+    pairs = _paired(light, plain)
+    if pairs is not None:
+        return pairs
     paired = _median_of(plain, lambda n: f"median of the {n} plain steps the capture timed paired with its "
                                          f"light-profiled steps (alternating in one profiler session)")
     if paired is not None:
@@ -156,6 +164,25 @@ def capture_measured(capture: dict[str, Any] | None) -> Measured | None:
     times = st.get("times_ms") if isinstance(st, dict) else None
     return _median_of(times, lambda n: f"median of the {n} uninstrumented steps the capture timed before "
                                        f"recording one (after {st.get('warmup', '?')} warm-up steps)")
+
+
+def _paired(light: Any, plain: Any) -> Measured | None:
+    """The plain step the light/plain pairs give (see :func:`capture_measured`); None unless both lists
+    hold as many positive finite times."""
+    lt = _median_of(light, str)
+    pl = _median_of(plain, str)
+    if lt is None or pl is None or len(lt.samples) != len(pl.samples):
+        return None
+    ratios = [a / b for a, b in zip(lt.samples, pl.samples)]
+    r = statistics.median(ratios)
+    lo, hi = median_interval(ratios)
+    n = len(ratios)
+    return Measured(lt.value / r, lt.value / hi, lt.value / lo, [lt.value / x for x in ratios],
+                    f"the light-profiled steps' median {lt.value:.4g} ms over the median ratio light/plain "
+                    f"{r:.4f} [{lo:.4f}, {hi:.4f}] of the {n} pairs the capture timed (alternating in one "
+                    f"profiler session; the plain steps' own median {pl.value:.4g} ms)",
+                    what="the predicted step against the plain step its light/plain pairs give (each light "
+                         "step against the plain step beside it: the host's drift between pairs cancels)")
 
 
 def _median_of(times: Any, why: Callable[[int], str]) -> Measured | None:
