@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hyp import examples
+from hypothesis import given
+from hypothesis import strategies as st
 from mystique.workloads import WorkloadTooLarge, llama4, make_step, names
 from mystique.workloads.packing import DocLengths, doc_ids, document_mask
 
@@ -156,3 +159,40 @@ def test_validators_take_llama4_by_name():
     df = correctness.run(Target("cpu"), groups=["workload_output"], workloads="llama4")
     row = df[df.check == "workload_output_error"].iloc[0]
     assert row.subject == "llama4/debug" and row.status == "pass"
+
+
+@examples(6, deadline=None)
+@given(seed=st.integers(0, 2**16), draw=st.integers(0, 2**16))
+def test_pinned_routing_sends_each_token_to_the_given_experts(seed, draw):
+    """Pinned to its own recorded choice the forward is bitwise unchanged; pinned to any other choice
+    each MoE layer routes exactly that choice (its loads follow), with the router's own scores, which
+    backward still reaches."""
+    cfg = llama4.CONFIGS["debug"]
+    model = llama4.build_model(cfg, device=CPU, dtype=torch.float32, seed=seed)
+    batch = llama4.make_batch(cfg, device=CPU, seed=seed)
+    with torch.no_grad(), llama4.recorded_routing(model) as seen:
+        out = llama4.forward(model, batch)
+    own = {k: v[0] for k, v in seen.items()}
+    assert len(own) == 2 and all(t.shape == (32, 1) for t in own.values())  # debug: layers 1 and 3, 2 x 16 tokens
+    with torch.no_grad(), llama4.pinned_routing(model, own):
+        assert torch.equal(llama4.forward(model, batch), out)
+    g = torch.Generator().manual_seed(draw)
+    other = {k: torch.randint(0, cfg.n_experts, v.shape, generator=g) for k, v in own.items()}
+    with llama4.pinned_routing(model, other), llama4.recorded_routing(model) as seen:
+        llama4.loss(model, batch).backward()
+    assert all(torch.equal(seen[k][0], other[k]) for k in other)
+    assert all(layer.feed_forward.router.weight.grad.abs().sum() > 0 for layer in model.layers if layer.moe)
+    assert all(layer.feed_forward.pinned is None and layer.feed_forward.recorded is None
+               for layer in model.layers if layer.moe)  # the contexts leave the model as it was
+
+
+def test_pinned_routing_refuses_other_layers_and_other_tokens():
+    cfg = llama4.CONFIGS["debug"]
+    model = llama4.build_model(cfg, device=CPU, dtype=torch.float32, seed=0)
+    with pytest.raises(ValueError, match="pinned routing for MoE layers"):
+        with llama4.pinned_routing(model, {"layers.0.feed_forward": torch.zeros(32, 1, dtype=torch.long)}):
+            pass
+    wrong = {f"layers.{i}.feed_forward": torch.zeros(31, 1, dtype=torch.long) for i in (1, 3)}
+    with pytest.raises(ValueError, match=r"pinned routing of shape \(31, 1\) for 32 tokens"):
+        with torch.no_grad(), llama4.pinned_routing(model, wrong):
+            llama4.forward(model, llama4.make_batch(cfg, device=CPU, seed=0))

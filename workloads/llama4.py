@@ -27,6 +27,8 @@ mean next-token cross entropy. Train with AdamW.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -174,15 +176,26 @@ class MoE(nn.Module):
         self.w2 = nn.Parameter(torch.empty(cfg.n_experts, cfg.expert_dim, cfg.dim))
         self.shared = SwiGLU(cfg.dim, cfg.expert_dim)
         self.grouped = True  # set by the model from its device, dtype and config
+        self.pinned: Tensor | None = None  # (T, k) expert ids to route to instead of the top-k (pinned_routing)
+        self.recorded: list[Tensor] | None = None  # each forward's (T, k) choice is appended (recorded_routing)
 
     def route(self, x: Tensor) -> tuple[Tensor, Tensor]:
-        """Each token's top-k expert ids (T, k) and their scores (T, k) in x's dtype."""
+        """Each token's top-k expert ids (T, k) and their scores (T, k) in x's dtype. With a pinned
+        choice the ids are that choice, and the scores the router's own for those experts."""
         logits = self.router(x)  # (T, E)
+        scores = torch.softmax(upcast(logits), dim=-1) if self.cfg.router == "softmax" else logits
+        if self.pinned is None:
+            top_v, top_i = scores.topk(self.cfg.top_k, dim=-1)
+        else:
+            if self.pinned.shape != (x.shape[0], self.cfg.top_k):
+                raise ValueError(f"pinned routing of shape {tuple(self.pinned.shape)} for {x.shape[0]} tokens "
+                                 f"and top-{self.cfg.top_k}")
+            top_i = self.pinned
+            top_v = scores.gather(-1, top_i)
+        if self.recorded is not None:
+            self.recorded.append(top_i.detach())
         if self.cfg.router == "softmax":
-            probs = torch.softmax(upcast(logits), dim=-1)
-            top_p, top_i = probs.topk(self.cfg.top_k, dim=-1)
-            return top_i, top_p.type_as(x)
-        top_v, top_i = logits.topk(self.cfg.top_k, dim=-1)
+            return top_i, top_v.type_as(x)
         return top_i, torch.sigmoid(upcast(top_v)).type_as(x)
 
     def forward(self, x: Tensor) -> Tensor:
@@ -334,6 +347,46 @@ class Transformer(nn.Module):
                                      dtype=torch.promote_types(w.dtype, torch.float32))
         self.freqs_cis = table.to(w.device)
         self.choose_expert_path()
+
+
+# ----------------------------------------------------------------------------------------------
+# routing: record a model's top-k choices, pin another model to them
+
+
+def _moes(model: nn.Module) -> dict[str, MoE]:
+    return {name: m for name, m in model.named_modules() if isinstance(m, MoE)}
+
+
+@contextmanager
+def recorded_routing(model: nn.Module) -> Iterator[dict[str, list[Tensor]]]:
+    """Within: each MoE layer's top-k expert ids (T, k) of every forward run, by module name, in order."""
+    moes = _moes(model)
+    seen: dict[str, list[Tensor]] = {name: [] for name in moes}
+    for name, m in moes.items():
+        m.recorded = seen[name]
+    try:
+        yield seen
+    finally:
+        for m in moes.values():
+            m.recorded = None
+
+
+@contextmanager
+def pinned_routing(model: nn.Module, choices: dict[str, Tensor]) -> Iterator[None]:
+    """Within: every MoE layer of ``model`` sends its tokens to the experts ``choices[name]`` (T, k),
+    e.g. another model's choice from :func:`recorded_routing`, instead of its own top-k; the scores
+    stay the router's own for those experts (so the arithmetic is the model's, the discrete choice
+    the other's). ValueError when the layers differ; a batch of other tokens fails in the forward."""
+    moes = _moes(model)
+    if set(moes) != set(choices):
+        raise ValueError(f"pinned routing for MoE layers {sorted(choices)}, the model has {sorted(moes)}")
+    for name, m in moes.items():
+        m.pinned = choices[name].to(m.w13.device)
+    try:
+        yield
+    finally:
+        for m in moes.values():
+            m.pinned = None
 
 
 # ----------------------------------------------------------------------------------------------

@@ -38,6 +38,16 @@ tuned multiple of ``u``; u = 2^-8 bf16, 2^-11 fp16, u32 = 2^-24; every row's det
   ``model_layer_deviation``, ``model_output_deviation`` and ``model_train_deviation`` row (loss and
   gradients: one training step, forward and backward sites alike) is ``LAM * S / ||reference||``.
 
+A mixture of experts (a workload module with ``recorded_routing``/``pinned_routing``: Llama 4) is
+compared with its routing pinned: every run of the device under test and every fp64 rerun of the
+rounding model sends each token to the experts the fp64 reference chose, with the router's own
+scores for them. Top-k is discontinuous: a near-tie that rounding flips moves a token's output by a
+whole expert's difference, which no first-order rounding bound covers (S is a linearisation); the
+pinned comparison measures the arithmetic (router scores, expert GEMMs, combine) on the same
+choice, and ``moe_router_flips`` judges the choice itself (a flip passes only within the rounding
+bound of the two scores). A fault in the experts' GEMMs still fails here; a wrong router score
+beyond its bound fails there.
+
 A backend's deviation is at most ``BACKEND_RATIO`` times the math backend's plus
 ``u / 4``. A model whose forward makes no scaled-dot-product-attention call (DLRM) has
 no backend to compare: its ``attention_backend_deviation`` rows are ``skip`` (not applicable).
@@ -45,6 +55,7 @@ no backend to compare: its ``attention_backend_deviation`` rows are ``skip`` (no
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 from typing import Any
@@ -146,10 +157,30 @@ def _grad_vector(model: torch.nn.Module, keys: list[str]) -> torch.Tensor:
     return torch.cat([grads[k].detach().double().reshape(-1) for k in keys])
 
 
+Pins = dict[str, torch.Tensor] | None
+"""The fp64 reference's top-k expert ids per MoE layer (module name -> (T, k)); None: no routing."""
+
+
+def _pinned(mod: Any, model: torch.nn.Module, pins: Pins) -> Any:
+    """A context running ``model`` with its routing pinned to ``pins`` (nothing to pin: a null context)."""
+    return mod.pinned_routing(model, pins) if pins else contextlib.nullcontext()
+
+
+def _reference_routing(mod: Any, ref: torch.nn.Module, batch64: dict[str, torch.Tensor]) -> Pins:
+    """The fp64 reference forward's routing choice of each MoE layer (None when ``mod`` routes nothing)."""
+    record = getattr(mod, "recorded_routing", None)
+    if record is None or not hasattr(mod, "pinned_routing"):
+        return None
+    with torch.no_grad(), record(ref) as seen:
+        mod.forward(ref, batch64)
+    return {name: calls[0] for name, calls in seen.items()} or None
+
+
 def _derived_bounds(ctx: Ctx, mod: Any, ref: torch.nn.Module, batch64: dict[str, torch.Tensor], dtype: torch.dtype,
                     ref_out: torch.Tensor, ref_layers: dict[str, torch.Tensor], ref_loss: torch.Tensor,
-                    ref_grads: dict[str, torch.Tensor]) -> dict[str, tuple[float, float]]:
-    """Row key ('output', 'layer:NAME', 'loss', 'gradients') -> (bound LAM*S/||ref||, S/||ref||)."""
+                    ref_grads: dict[str, torch.Tensor], pins: Pins = None) -> dict[str, tuple[float, float]]:
+    """Row key ('output', 'layer:NAME', 'loss', 'gradients') -> (bound LAM*S/||ref||, S/||ref||); the
+    reruns route as the reference did (``pins``), so S is the arithmetic's alone."""
     gen = ctx.generator(salt=19_000 + FORMATS[dtype].p)
     model = copy.deepcopy(ref)
     keys = sorted(ref_grads)
@@ -160,7 +191,7 @@ def _derived_bounds(ctx: Ctx, mod: Any, ref: torch.nn.Module, batch64: dict[str,
     for _ in range(DRAWS):
         rec = _Recorder(model)
         try:
-            with torch.no_grad(), _RoundingModel(dtype, gen):
+            with torch.no_grad(), _pinned(mod, model, pins), _RoundingModel(dtype, gen):
                 out = mod.forward(model, batch64).detach()
         finally:
             rec.close()
@@ -169,7 +200,7 @@ def _derived_bounds(ctx: Ctx, mod: Any, ref: torch.nn.Module, batch64: dict[str,
             got = rec.outputs.get(k)
             sq[f"layer:{k}"] += _sq(got, v) if got is not None and got.shape == v.shape else math.inf
         model.zero_grad(set_to_none=True)
-        with _RoundingModel(dtype, gen):
+        with _pinned(mod, model, pins), _RoundingModel(dtype, gen):
             loss = mod.loss(model, batch64)
             loss.backward()
         sq["loss"] += _sq(loss.detach(), refs["loss"])
@@ -239,7 +270,7 @@ def _batch_to(batch: dict[str, torch.Tensor], device: torch.device, fp64: bool =
 def run_model_deviation(ctx: Ctx) -> None:
     """Rows ``model_layer_deviation``, ``model_output_deviation``, ``model_train_deviation``,
     ``attention_backend_deviation`` per workload and autocast dtype."""
-    # the validators' default workloads (llama4's routing flips are judged by moe_router_flips instead)
+    # the validators' default workloads (an MoE's routing is pinned to fp64's; its flips: moe_router_flips)
     names = ctx.options.get("workloads") or sorted(workloads.WORKLOADS)
     config = ctx.options.get("model_config") or ("small" if ctx.full else "debug")
     dtypes = [d for d in ctx.dtypes if d in HALF_DTYPES]
@@ -255,14 +286,16 @@ def run_model_deviation(ctx: Ctx) -> None:
         model32.eval()
         ref = copy.deepcopy(model32).double()
         batch64 = _batch_to(batch, torch.device("cpu"), fp64=True)
+        pins = _reference_routing(mod, ref, batch64)
         rec = _Recorder(ref)
-        with torch.no_grad():
+        with torch.no_grad(), _pinned(mod, ref, pins):
             ref_out = mod.forward(ref, batch64).detach().double()
         rec.close()
         ref_layers = rec.outputs
         ref.zero_grad(set_to_none=True)
-        ref_loss = mod.loss(ref, batch64)
-        ref_loss.backward()
+        with _pinned(mod, ref, pins):
+            ref_loss = mod.loss(ref, batch64)
+            ref_loss.backward()
         ref_grads = {n: p.grad.detach().double() for n, p in ref.named_parameters() if p.grad is not None}
         dev_model = copy.deepcopy(model32).to(ctx.device)
         dev_batch = _batch_to(batch, ctx.device)
@@ -271,12 +304,21 @@ def run_model_deviation(ctx: Ctx) -> None:
             try:
                 derived = golden_cache.golden(
                     ("numerics.model_deviation.bounds", name, config, ctx.seed, dtype_name(dtype), DRAWS),
-                    _derived_bounds, ctx, mod, ref, batch64, dtype, ref_out, ref_layers, ref_loss, ref_grads)
+                    _derived_bounds, ctx, mod, ref, batch64, dtype, ref_out, ref_layers, ref_loss, ref_grads, pins)
             except Exception as exc:  # noqa: BLE001  (a reference that cannot be rerun is an error row)
                 ctx.error("model_output_deviation", name, exc, dtype=dtype, repro=ctx.repro(workload=name, config=config))
                 continue
-            _one(ctx, mod, name, config, dev_model, dev_batch, dtype, ref_out, ref_layers, ref_loss, ref_grads,
-                 derived)
+            with _pinned(mod, dev_model, pins):
+                _one(ctx, mod, name, config, dev_model, dev_batch, dtype, ref_out, ref_layers, ref_loss, ref_grads,
+                     derived, _routing_note(pins))
+
+
+def _routing_note(pins: Pins) -> str:
+    if not pins:
+        return ""
+    tokens = sum(int(t.shape[0]) for t in pins.values())
+    return (f"; routing pinned to fp64's top-k ({len(pins)} MoE layers, {tokens} token choices: near-tie flips "
+            "are judged by moe_router_flips)")
 
 
 def _forward(ctx: Ctx, mod: Any, model: torch.nn.Module, batch: dict[str, torch.Tensor], dtype: torch.dtype,
@@ -293,7 +335,7 @@ def _forward(ctx: Ctx, mod: Any, model: torch.nn.Module, batch: dict[str, torch.
 
 def _one(ctx: Ctx, mod: Any, name: str, config: str, model: torch.nn.Module, batch: dict[str, torch.Tensor],
          dtype: torch.dtype, ref_out: torch.Tensor, ref_layers: dict[str, torch.Tensor], ref_loss: torch.Tensor,
-         ref_grads: dict[str, torch.Tensor], derived: dict[str, tuple[float, float]]) -> None:
+         ref_grads: dict[str, torch.Tensor], derived: dict[str, tuple[float, float]], note: str = "") -> None:
     u = FORMATS[dtype].u
     repro = ctx.repro(workload=name, config=config, autocast=dtype_name(dtype))
     rec = _Recorder(model)
@@ -320,7 +362,7 @@ def _one(ctx: Ctx, mod: Any, name: str, config: str, model: torch.nn.Module, bat
     out_err = normwise_error(out, ref_out)
     b = derived["output"]
     ctx.bound("model_output_deviation", name, "rel_error", out_err, b[0], dtype=dtype,
-              detail=f"{config} config, output {tuple(ref_out.shape)}; {_how(b, u)}", repro=repro)
+              detail=f"{config} config, output {tuple(ref_out.shape)}{note}; {_how(b, u)}", repro=repro)
     _train(ctx, mod, name, model, batch, dtype, ref_loss, ref_grads, repro, derived)
     _backends(ctx, mod, name, model, batch, dtype, ref_out, out_err, repro)
 
