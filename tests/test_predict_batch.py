@@ -93,3 +93,51 @@ def test_dlrm_batch_x2_doubles_bags_ids_and_gemm_work_and_replays(dlrm):
     e.run_iteration(probe=True)
     assert [s.name for s in e.status if s.state == "skipped"] == []
     assert [tensors[op["outputs"][0]["t"]]["shape"] for op in bags] == [[32, 8]] * 4  # 32 bags of each table
+
+
+# --- what a memory-bound op's time scales with ------------------------------------------------------------
+
+
+def _op(name, ins, outs, shapes):
+    tensors = {i: {"shape": s, "dtype": "float32"} for i, s in shapes.items()}
+    return {"name": name, "args": [{"t": i} for i in ins], "kwargs": {}, "outputs": [{"t": i} for i in outs]}, tensors
+
+
+def _scaled_time(name, ins, outs, before, after, t=100.0):
+    from mystique.predict.opmodel import Work
+    from mystique.predict.whatif import _numel, op_time
+
+    op0, t0 = _op(name, ins, outs, before)
+    op1, t1 = _op(name, ins, outs, after)
+    w = Work(0.0, 0.0, "float32")
+    return op_time(t, 0.0, "memory", w, w, _numel(op0, t0), _numel(op1, t1), None, None)
+
+
+def test_a_reduction_over_the_batch_takes_twice_as_long_for_twice_the_batch():
+    """A bias gradient (sum of [B, 512] into [512]) reads the batch: its work doubles (it was read off its
+    output alone, unchanged, so dlrm train's batch x2 was predicted short)."""
+    assert _scaled_time("aten::sum", [0], [1], {0: [4096, 512], 1: [512]}, {0: [8192, 512], 1: [512]}) == \
+        pytest.approx(200.0, rel=2e-3)
+
+
+def test_a_lookup_is_the_rows_it_gathers_not_its_table():
+    """An embedding bag of a 10^6-row table: twice the bags and ids gather twice the rows."""
+    before = {0: [10**6, 64], 1: [32768], 2: [4096], 3: [4096, 64]}
+    after = {0: [10**6, 64], 1: [65536], 2: [8192], 3: [8192, 64]}
+    assert _scaled_time("aten::embedding_bag", [0, 1, 2], [3], before, after) == pytest.approx(200.0)
+
+
+def test_a_bag_backward_scales_its_ids_and_gradient_rows_not_the_table_it_fills():
+    """The dense gradient of a 1000-row table (filled whatever the batch) beside 8 ids per bag: between 1x
+    and 2x, nearer 2x the smaller the table (measured here on torch 2.13, 1 thread: 1000 rows x1.78,
+    200,000 rows x1.08 for batch 4096 -> 8192)."""
+    small = _scaled_time("aten::_embedding_bag_backward", [0, 1, 2], [3],
+                         {0: [4096, 64], 1: [32768], 2: [4096], 3: [1000, 64]},
+                         {0: [8192, 64], 1: [65536], 2: [8192], 3: [1000, 64]})
+    big = _scaled_time("aten::_embedding_bag_backward", [0, 1, 2], [3],
+                       {0: [4096, 64], 1: [32768], 2: [4096], 3: [200_000, 64]},
+                       {0: [8192, 64], 1: [65536], 2: [8192], 3: [200_000, 64]})
+    # each id adds a row of 64 into the gradient: ids x 64 plus the table's gradient it fills
+    assert small == pytest.approx(100.0 * (65536 * 64 + 64_000) / (32768 * 64 + 64_000))
+    assert big == pytest.approx(100.0 * (65536 * 64 + 12_800_000) / (32768 * 64 + 12_800_000))
+    assert 100.0 < big < 125.0 and 180.0 < small < 200.0

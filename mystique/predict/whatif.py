@@ -9,7 +9,12 @@ recorded time ``t`` is a fixed part ``o`` (dispatch and launch: the profile's ``
   for its dtype: ``w' = w * (F'/F) * (P_d / P'_d')`` (FLOPs ``F``, throughput ``P`` of the dtype);
 - any other operator is split into the time its bytes take at the profile's memory bandwidth (at most
   ``w``), which scales with its bytes and the bandwidth, and the rest (its per-element work), which
-  scales with its element count: ``w' = b * (B'/B) * (BW/BW') + (w - b) * (N'/N)``.
+  scales with its element count: ``w' = b * (B'/B) * (BW/BW') + (w - b) * (N'/N)``. ``N`` counts the
+  elements the operator reads and writes, its inputs' and outputs' (a reduction's work is its input's,
+  an embedding bag's backward its ids' and gradient rows' as well as the table-sized gradient it
+  fills), except a lookup's table (``embedding``, ``embedding_bag``, ``index_select``), read only at
+  the rows it gathers, which its output counts; a lookup's backward adds one gradient row of ``D`` per
+  id into the table's gradient it fills, so it counts ``ids x D`` and its output.
 
 A host-only step (a CPU capture) predicted on a device (``--target-profile``) keeps no host efficiency:
 each operator's host time becomes its dispatch (``o``, or the target's ``launch_us``) and it launches
@@ -140,9 +145,25 @@ def fixed_us(step: Step, profile: Profile | None) -> float:
     return times[len(times) // 10] if times else 0.0
 
 
+#: lookups whose first input is a table read only at the rows they gather (see the module docstring)
+GATHER_OPS = frozenset({"aten::embedding", "aten::embedding_bag", "aten::_embedding_bag",
+                        "aten::_embedding_bag_forward_only", "aten::index_select"})
+
+
+#: lookups' backwards (gradient, ids, ...): one gradient row per id accumulated into the table's gradient
+GATHER_BACKWARD_OPS = frozenset({"aten::_embedding_bag_backward", "aten::_embedding_bag_dense_backward",
+                                 "aten::embedding_backward", "aten::embedding_dense_backward"})
+
+
 def _numel(op: dict, tensors: dict) -> int:
+    """The elements an operator reads and writes (see the module docstring)."""
     ins, outs = op_tensors(op, tensors)
-    return sum(t.numel for t in (outs or ins))
+    name = str(op.get("name", "")).split(".", 1)[0]
+    if name in GATHER_OPS:
+        ins = ins[1:]
+    elif name in GATHER_BACKWARD_OPS and len(ins) >= 2 and ins[0].shape:
+        return ins[1].numel * ins[0].shape[-1] + sum(t.numel for t in outs)
+    return sum(t.numel for t in ins) + sum(t.numel for t in outs)
 
 
 def op_time(t: float, o: float, cls: str, w0: Work, w1: Work, n0: int, n1: int, p0: Profile | None,
