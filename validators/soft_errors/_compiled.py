@@ -21,9 +21,13 @@ from ._numba_options import NJIT
 F32, F64, I64, I32, I8 = ir.FloatType(), ir.DoubleType(), ir.IntType(64), ir.IntType(32), ir.IntType(8)
 #: How many indices ahead the fused lookups prefetch a float32 row (fbgemm's CPU kernels use 16 as well)
 PREFETCH = 16
-#: ... and an 8-bit row with its row sum, scale and bias: three cache lines an index, most from beyond the L3
-#: cache in the overhead group's rounds; 100000 x 64, 2048 bags of 40, this 2-core host, paired rounds of the
-#: bare kernel (800 each, load 5.3-5.6): 32 ahead -5.6% [-7.9, -3.1] against 16, 48 -5.7%, 64 -2.6%, 8 +12.5%
+#: ... and an 8-bit row of D = 64, read whole by one pass (its codes, scale and bias in two cache lines, with its
+#: row sum three an index, most from beyond the L3 cache in the overhead group's rounds). A distance measured
+#: per shape, as fbgemm's is a parameter: 100000 rows, 2048 bags of 40, this 2-core host, paired rounds of the
+#: bare kernel against 16 ahead (600-1200 each, load 3.2-5.6): D = 64, 32 ahead -5.6% [-7.9, -3.1] and -8.3%
+#: [-10.9, -5.6], 48 -5.7%, 64 -2.6%, 8 +12.5%; but slower at D = 96 (+6.8% [+5.5, +8.0]: three passes over
+#: each bag), D = 128 (+1.9% [+0.8, +3.2]; 24 ahead -0.2% [-1.6, +1.3]) and D = 16 (+7.9% [+5.8, +9.5]), which
+#: keep 16
 PREFETCH_8BIT = 32
 #: Indices per iteration of the fused lookup's loop over float32 rows (8-bit rows: one, LLVM unrolling it;
 #: four were slower, with their eight vector accumulators)
@@ -327,10 +331,15 @@ class _Chunk:
             self.lookup(i)
 
     def prefetch_ahead(self, i: Any) -> None:
-        """Prefetch the chunk of the row ``PREFETCH`` (8-bit: ``PREFETCH_8BIT``) indices ahead (and its row sum,
-        scale and bias)."""
+        """Prefetch the chunk of the row ``PREFETCH`` (8-bit rows of D = 64: ``PREFETCH_8BIT``)
+        indices ahead (and its row sum, scale and bias)."""
         builder = self.builder
-        ahead = builder.add(i, ir.Constant(I64, PREFETCH_8BIT if self.quantized else PREFETCH))
+        if self.quantized and self.sums and self.nv * self.width == 64:  # (D = 64: this chunk reads the whole row)
+            dist = builder.select(builder.icmp_signed("==", self.codes, ir.Constant(I64, 64)),
+                                  ir.Constant(I64, PREFETCH_8BIT), ir.Constant(I64, PREFETCH))
+        else:
+            dist = ir.Constant(I64, PREFETCH)
+        ahead = builder.add(i, dist)
         with builder.if_then(builder.icmp_signed("<", ahead, self.n), likely=True):
             jp = self.row_of(ahead)
             first = self.ptr(0, jp, self.col0)
@@ -420,8 +429,8 @@ def _row_chunk(nv: int, width: int) -> Any:
     float32 exactly as torch's CPU kernels do (fp32 rows: ``acc + x``, or ``fma(w, x, acc)`` with
     weights; 8-bit rows: ``fma(q, scale, acc + bias)``, scale and bias multiplied by the weight first),
     so the output is bitwise torch's (and checked to be, see :func:`.abft.fused_lookup.fused_lookups_agree`). The
-    chunk's cache lines of the row ``PREFETCH`` (8-bit rows: ``PREFETCH_8BIT``) indices ahead are
-    prefetched. A ``summing`` chunk (a
+    chunk's cache lines of the row ``PREFETCH`` (8-bit rows of D = 64: ``PREFETCH_8BIT``)
+    indices ahead are prefetched. A ``summing`` chunk (a
     literal) also returns the bag's reference ``sum_i rowsum[j_i] (* psw[i])`` in fp64 and prefetches the
     row sums (and the scale and bias). Returns ``(reference, output sum, output 1-norm)``. The indices
     are not checked here (each check is two instructions more per index in a loop whose speed is the

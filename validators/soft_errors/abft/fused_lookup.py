@@ -128,7 +128,9 @@ def fused_checked(ft: FusedTable | None, idx: torch.Tensor, off: torch.Tensor, m
         return None
     nb, d = off.shape[0], ft.d
     _, tiny, c_lb = bag_constants(idx.shape[0], d, extra, 0.0, lam)
-    out = torch.empty((nb, d), dtype=torch.float32, device="cpu")
+    # (on the CPU: a default device is a TorchFunctionMode, which _fusable refuses; sizes as arguments, not a
+    # tuple, and no device: half the time of the argument parsing)
+    out = torch.empty(nb, d, dtype=torch.float32)
     buf = np.empty((2, nb))  # per-bag reference and output sums
     worst = raw("bag_lookup")(0, nb, ft.view, idx.numpy(), off.numpy(), out.numpy(), ft.rowsum, None, mode == "mean",
                               True, c_lb, tiny, buf[0], buf[1])
