@@ -17,6 +17,7 @@ import torch.nn.functional as F
 
 from .._kernels import available, kernel_table, raw
 from .bag_verdict import Bags, EmbeddingChecks, bag_constants, bag_exact
+from .cache import MAX_CACHED
 from .fused_layout import FusedTable
 from .quantized import QuantizedTable, quantized_embedding_bag
 from .report import CLEAR, CheckReport
@@ -123,16 +124,28 @@ def fused_checked(ft: FusedTable | None, idx: torch.Tensor, off: torch.Tensor, m
     report; ``make()``: the :class:`Bags`, made only where the exact path needs them. Returns ``(out,
     report, call)`` (``call`` None without ``keep`` or where the kernel fell back to ``lookup()``: no
     references), or None where :meth:`FusedCall.of` would refuse the call."""
-    if not _fusable(ft, idx, off, mode) or not off.shape[0] or (ft.tensor.requires_grad and torch.is_grad_enabled()) \
-            or not fused_lookups_agree(ft.quantized, False):
+    # (_fusable's conditions, those on the indices and offsets read off their NumPy views, which the kernel takes
+    # anyway: a torch getter costs microseconds with cold caches, several times NumPy's)
+    if ft is None or off is None or (mode != "sum" and mode != "mean") or torch._C._len_torch_dispatch_stack() or \
+            torch._C._is_torch_function_mode_enabled() or not available():
         return None
-    nb, d = off.shape[0], ft.d
-    _, tiny, c_lb = bag_constants(idx.shape[0], d, extra, 0.0, lam)
-    # (on the CPU: a default device is a TorchFunctionMode, which _fusable refuses; sizes as arguments, not a
-    # tuple, and no device: half the time of the argument parsing)
+    views = _index_views(idx, off)
+    if views is None or not views[1].shape[0] or (ft.tensor.requires_grad and torch.is_grad_enabled()) or \
+            not fused_lookups_agree(ft.quantized, False):
+        return None
+    nb, d = views[1].shape[0], ft.d
+    consts = _CONSTANTS.get((views[0].shape[0], d, extra, lam))
+    if consts is None:
+        if len(_CONSTANTS) >= MAX_CACHED:
+            _CONSTANTS.clear()
+        consts = _CONSTANTS[(views[0].shape[0], d, extra, lam)] = bag_constants(views[0].shape[0], d, extra, 0.0,
+                                                                                 lam)[1:]
+    tiny, c_lb = consts
+    # (on the CPU: a default device is a TorchFunctionMode, refused above; sizes as arguments, not a tuple, and no
+    # device: half the time of the argument parsing)
     out = torch.empty(nb, d, dtype=torch.float32)
     buf = np.empty((2, nb))  # per-bag reference and output sums
-    worst = raw("bag_lookup")(0, nb, ft.view, idx.numpy(), off.numpy(), out.numpy(), ft.rowsum, None, mode == "mean",
+    worst = raw("bag_lookup")(0, nb, ft.view, views[0], views[1], out.numpy(), ft.rowsum, None, mode == "mean",
                               True, c_lb, tiny, buf[0], buf[1])
     if 0.0 <= worst <= CLEAR and not keep:  # (the commonest call: clean, nothing kept; NaN and -1 go below)
         return out, CheckReport(meta[0], meta[1], False, worst, True, [], [], None, meta[2]), None
@@ -142,6 +155,24 @@ def fused_checked(ft: FusedTable | None, idx: torch.Tensor, off: torch.Tensor, m
         return out, bag_exact(call.bag, out.reshape(-1, d).float(), False), None
     call.buf = buf
     return out, call._decide(worst, out), call
+
+
+#: (tiny, c_lb) of :func:`bag_constants` by (indices, D, extra, lam), for :func:`fused_checked`
+_CONSTANTS: dict[tuple, tuple[float, float]] = {}
+_NP_INDEX_DTYPES = (np.dtype(np.int64), np.dtype(np.int32))
+
+
+def _index_views(idx: torch.Tensor, off: torch.Tensor) -> tuple[np.ndarray, np.ndarray] | None:
+    """The NumPy views of indices and offsets that the fused kernel takes as they are (:func:`_fusable`'s
+    conditions on them: 1-D, contiguous, CPU, int32 or int64, one dtype), else None."""
+    try:
+        ia, oa = idx.numpy(), off.numpy()
+    except (TypeError, RuntimeError, NotImplementedError, AttributeError):  # (not a CPU tensor, or needs grad)
+        return None
+    if ia.ndim != 1 or oa.ndim != 1 or ia.dtype != oa.dtype or ia.dtype not in _NP_INDEX_DTYPES or \
+            not ia.flags.c_contiguous or not oa.flags.c_contiguous:
+        return None
+    return ia, oa
 
 
 def _fusable(ft: FusedTable | None, idx: torch.Tensor, off: torch.Tensor | None, mode: str) -> bool:
