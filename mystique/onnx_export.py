@@ -502,6 +502,12 @@ def workload_case(name: str, config: str = "debug", *, dtype: torch.dtype = torc
     return WorkloadCase(name, config, WorkloadModule(mod, model, list(inputs)), inputs)
 
 
+def workload_refusal(case: WorkloadCase) -> str | None:
+    """Why the workload of ``case`` has no ONNX export, naming the operator (its ``onnx_refusal``), or None."""
+    refusal = getattr(case.module.workload, "onnx_refusal", None)  # a workload that knows it cannot be exported
+    return refusal(case.module.model) if refusal is not None else None
+
+
 def export_workload(name: str, config: str, out_path: str | os.PathLike, *, dtype: torch.dtype = torch.float32,
                     seed: int = 0, batch_size: int | None = None, exporter: str = "auto",
                     case: WorkloadCase | None = None) -> ExportReport:
@@ -514,8 +520,7 @@ def export_workload(name: str, config: str, out_path: str | os.PathLike, *, dtyp
     """
     require()
     case = case or workload_case(name, config, dtype=dtype, seed=seed, batch_size=batch_size)
-    refusal = getattr(case.module.workload, "onnx_refusal", None)  # a workload that knows it cannot be exported
-    why = refusal(case.module.model) if refusal is not None else None
+    why = workload_refusal(case)
     if why:
         raise UsageError(f"cannot export {case.subject} to ONNX: {why}")
     blocks = list(block_modules(case.module.model))

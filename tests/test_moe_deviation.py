@@ -85,7 +85,7 @@ def test_near_tie_flips_are_not_read_as_arithmetic_errors(near_ties):
     rows = _deviation()
     dev = rows[rows.check.str.startswith("model_")]
     assert (dev.status == "pass").all(), dev[["check", "status", "value", "threshold"]].to_string()
-    assert "routing pinned to fp64's top-k (2 MoE layers, 64 token choices" in rows.loc["llama4", "detail"]
+    assert "routing pinned to fp64's top-k (1 MoE layer, 32 token choices" in rows.loc["llama4", "detail"]
 
 
 def test_an_expert_fault_is_caught_despite_near_tie_flips(near_ties):

@@ -29,7 +29,7 @@ def _meta_numel(mod, cfg) -> int:
 
 
 def test_registry_lists_the_three_workloads_with_the_protocol() -> None:
-    assert names() == ["bert", "dlrm", "llama", "llama4"]  # llama4: registered, not a validator default
+    assert names() == ["bert", "dlrm", "llama", "llama4"]
     for name in names():
         mod = get(name)
         assert mod.NAME == name and mod.DESCRIPTION

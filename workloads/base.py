@@ -33,9 +33,10 @@ MODES = ("train", "infer")
 #: the registry: workload name -> module of this package, in the order the suite runs them
 _MODULES = {"llama": "llama", "dlrm": "dlrm", "bert": "bert", "llama4": "llama4"}
 #: the reference workloads the validators run by default, in registry order (:func:`names` gives every
-#: registered workload, sorted). ``llama4`` is registered (capture, replay, ``--workloads llama4``) but
-#: not yet a default: the validators' model checks do not yet judge routing flips (issue 34)
-WORKLOADS: tuple[str, ...] = ("llama", "dlrm", "bert")
+#: registered workload, sorted): all of them, Llama 4 (MoE) included; numerics compares it with its
+#: routing pinned to fp64's top-k and judges the flips in ``moe_router_flips``; ONNX refuses it
+#: naming ``aten::_grouped_mm`` (a skip row)
+WORKLOADS: tuple[str, ...] = tuple(_MODULES)
 #: every registered workload, in registry order (the demo runs them all)
 REGISTERED: tuple[str, ...] = tuple(_MODULES)
 _FLOAT_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)

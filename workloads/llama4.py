@@ -102,9 +102,11 @@ class Llama4Config:
 _SMALL = dict(vocab_size=4096, n_experts=8, expert_dim=256, dense_dim=512, attention_chunk=32, floor_scale=32,
               max_seq_len=256)
 CONFIGS: dict[str, Llama4Config] = {
-    "debug": Llama4Config(dim=64, n_layers=4, n_heads=4, n_kv_heads=2, vocab_size=256, n_experts=4, expert_dim=64,
-                          dense_dim=128, moe_every=2, attention_chunk=8, floor_scale=8, max_seq_len=64, seq_len=16,
-                          batch_size=2),
+    # two layers, as Llama 3's debug: a dense RoPE layer with chunked attention, then an MoE NoPE layer
+    # with global attention (every kind of block once; the validators' quick level runs it)
+    "debug": Llama4Config(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=256, n_experts=4, expert_dim=64,
+                          dense_dim=128, moe_every=2, nope_every=2, attention_chunk=8, floor_scale=8, max_seq_len=64,
+                          seq_len=16, batch_size=2),
     "small": Llama4Config(dim=256, n_layers=4, n_heads=8, n_kv_heads=2, seq_len=128, batch_size=8, **_SMALL),
     "small-packed": Llama4Config(dim=256, n_layers=4, n_heads=8, n_kv_heads=2, seq_len=128, batch_size=8,
                                  docs=DocLengths("longtail", min_len=8, alpha=1.2), **_SMALL),

@@ -70,6 +70,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 from mystique import workloads
 from mystique.dtypes import HALF_DTYPES
 from mystique.dtypes import name as dtype_name
+from mystique.hostinfo import torch_threads
 
 from .. import golden_cache
 from ..unsupported import unsupported
@@ -79,6 +80,10 @@ from .bounds import P_FAIL
 from .op_cases import sdpa_backends
 
 BACKEND_RATIO = 2.0
+GOLDEN_THREADS = 1
+"""CPU threads of the fp64 reference and its reruns (thousands of tiny ops one at a time, where a second
+thread's wake-ups dominate: llama4 debug's reruns took 8x the wall time with 2 threads at load 6 on a
+2-core host, 1.6 s against 11 s); the device under test keeps the process's threads."""
 DRAWS = 8
 """fp64 reruns under the rounding model per workload and dtype (they estimate S^2, a mean square)."""
 LAM = 1.0 + math.sqrt(2.0 * math.log(1.0 / P_FAIL))
@@ -267,6 +272,24 @@ def _batch_to(batch: dict[str, torch.Tensor], device: torch.device, fp64: bool =
             for k, v in batch.items()}
 
 
+def _reference(mod: Any, model32: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tuple[Any, ...]:
+    """The fp64 reference of ``model32`` on ``batch``: (model, batch, routing pins, output, block outputs,
+    loss, gradients), routed as its own forward routes (pinned, so every later run routes alike)."""
+    ref = copy.deepcopy(model32).double()
+    batch64 = _batch_to(batch, torch.device("cpu"), fp64=True)
+    pins = _reference_routing(mod, ref, batch64)
+    rec = _Recorder(ref)
+    with torch.no_grad(), _pinned(mod, ref, pins):
+        ref_out = mod.forward(ref, batch64).detach().double()
+    rec.close()
+    ref.zero_grad(set_to_none=True)
+    with _pinned(mod, ref, pins):
+        ref_loss = mod.loss(ref, batch64)
+        ref_loss.backward()
+    ref_grads = {n: p.grad.detach().double() for n, p in ref.named_parameters() if p.grad is not None}
+    return ref, batch64, pins, ref_out, rec.outputs, ref_loss, ref_grads
+
+
 def run_model_deviation(ctx: Ctx) -> None:
     """Rows ``model_layer_deviation``, ``model_output_deviation``, ``model_train_deviation``,
     ``attention_backend_deviation`` per workload and autocast dtype."""
@@ -284,27 +307,17 @@ def run_model_deviation(ctx: Ctx) -> None:
             ctx.error("model_output_deviation", name, exc, repro=ctx.repro(workload=name, config=config))
             continue
         model32.eval()
-        ref = copy.deepcopy(model32).double()
-        batch64 = _batch_to(batch, torch.device("cpu"), fp64=True)
-        pins = _reference_routing(mod, ref, batch64)
-        rec = _Recorder(ref)
-        with torch.no_grad(), _pinned(mod, ref, pins):
-            ref_out = mod.forward(ref, batch64).detach().double()
-        rec.close()
-        ref_layers = rec.outputs
-        ref.zero_grad(set_to_none=True)
-        with _pinned(mod, ref, pins):
-            ref_loss = mod.loss(ref, batch64)
-            ref_loss.backward()
-        ref_grads = {n: p.grad.detach().double() for n, p in ref.named_parameters() if p.grad is not None}
+        with torch_threads(GOLDEN_THREADS):
+            ref, batch64, pins, ref_out, ref_layers, ref_loss, ref_grads = _reference(mod, model32, batch)
         dev_model = copy.deepcopy(model32).to(ctx.device)
         dev_batch = _batch_to(batch, ctx.device)
         for dtype in dtypes:
             ctx.progress.note(f"model_deviation {name} {dtype_name(dtype)}")
             try:
-                derived = golden_cache.golden(
-                    ("numerics.model_deviation.bounds", name, config, ctx.seed, dtype_name(dtype), DRAWS),
-                    _derived_bounds, ctx, mod, ref, batch64, dtype, ref_out, ref_layers, ref_loss, ref_grads, pins)
+                with torch_threads(GOLDEN_THREADS):
+                    derived = golden_cache.golden(
+                        ("numerics.model_deviation.bounds", name, config, ctx.seed, dtype_name(dtype), DRAWS),
+                        _derived_bounds, ctx, mod, ref, batch64, dtype, ref_out, ref_layers, ref_loss, ref_grads, pins)
             except Exception as exc:  # noqa: BLE001  (a reference that cannot be rerun is an error row)
                 ctx.error("model_output_deviation", name, exc, dtype=dtype, repro=ctx.repro(workload=name, config=config))
                 continue
@@ -317,7 +330,8 @@ def _routing_note(pins: Pins) -> str:
     if not pins:
         return ""
     tokens = sum(int(t.shape[0]) for t in pins.values())
-    return (f"; routing pinned to fp64's top-k ({len(pins)} MoE layers, {tokens} token choices: near-tie flips "
+    layers = f"{len(pins)} MoE layer" + ("s" if len(pins) != 1 else "")
+    return (f"; routing pinned to fp64's top-k ({layers}, {tokens} token choices: near-tie flips "
             "are judged by moe_router_flips)")
 
 
