@@ -19,6 +19,10 @@ Written as Meta's reference and Hugging Face's ``Llama4TextModel`` compute it:
   ``attention_chunk`` positions.
 - **Packed documents** (``docs``, see :mod:`.packing`): the batch carries ``doc_ids`` and every
   layer's mask keeps tokens within their document.
+- **Routing, recorded and pinned**: :func:`recorded_routing` keeps each MoE layer's top-k choice of
+  the forwards run inside it; :func:`pinned_routing` makes a model route as given (the router's own
+  scores for the given experts), so that two models (fp64 and bf16, say) can be compared on one
+  choice (numerics' ``model_deviation`` does).
 
 The batch is ``tokens``, ``labels`` (next tokens) and, with documents, ``doc_ids``; the loss is the
 mean next-token cross entropy. Train with AdamW.
