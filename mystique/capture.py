@@ -77,6 +77,11 @@ class CaptureOptions:
     warmup: int = 2
     seed: int = 0
     cpu_affinity: str = "none"  # where the timed steps' threads run (mystique.placement)
+    #: record the light profile (pacing.json.gz: the replay's recorded pacing, predict's op times and its
+    #: light/plain pairs) and the profiler's per-event cost; False where nothing will time the capture's
+    #: steps (correctness's reference captures), saving 2 x pacing_pairs(steps) + 1 steps and the
+    #: calibration (most of a debug capture: llama debug train 2.9 of 4.6 s at load 3)
+    light: bool = True
 
     def check(self) -> None:
         """UsageError for an unknown mode, too few steps or a bad ``cpu_affinity``."""
@@ -405,13 +410,15 @@ def capture(target_name: str, out_dir: str | os.PathLike, *, force: bool = False
     info = target.info()
     ctx = RunContext(device=o.device, device_name=info.name, torch_version=torch.__version__)
     with staged_output_dir(out_dir, force) as stage:
-        light = record_step(step, target, stage / TRACE_FILE, stage / KINETO_FILE, stage / PACING_FILE,
-                            pacing_pairs(o.steps)) or {}
+        light = record_step(step, target, stage / TRACE_FILE, stage / KINETO_FILE,
+                            stage / PACING_FILE if o.light else None, pacing_pairs(o.steps)) or {}
         counts = trace_counts(stage / TRACE_FILE)
         meta = capture_meta(target_name, described, o.device, info.name, o.dtype, o.seed, timing, counts)
         meta["profiler_event_cost"] = light.get("profiler_event_cost")
         meta["light_reference"] = light.get("light_reference")
         meta["cpu_placement"] = pl.record
+        if not o.light:
+            meta["files"]["pacing"] = None
         atomic_write_text(stage / CAPTURE_FILE, json.dumps(meta, indent=2, default=str) + "\n")
         repro = (f"mystique capture {target_name} -o OUT --config {o.config} --mode {o.mode} --device {o.device} "
                  f"--dtype {o.dtype} --steps {o.steps} --warmup {o.warmup} --seed {o.seed}"

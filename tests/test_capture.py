@@ -55,6 +55,25 @@ def test_user_step_capture_writes_the_trace_dir(tmp_path):
     assert all(cmd in d and d.endswith("--steps 3 --warmup 1 --seed 0") for d in df["detail"])
 
 
+def test_a_capture_without_the_light_profile_writes_no_pacing_and_still_generates(tmp_path, cli_run):
+    out = capture("user_steps:tiny_mlp", tmp_path / "t", steps=1, warmup=0, light=False)
+    assert not (out / "pacing.json.gz").exists() and (out / "kineto.json.gz").exists()
+    meta = json.loads((out / "capture.json").read_text())
+    assert meta["files"]["pacing"] is None and meta["light_reference"] is None
+    assert meta["profiler_event_cost"] is None
+    rc, _, err = cli_run("-q", "generate", str(out), "-o", str(tmp_path / "b"))
+    assert rc == 0, err
+
+
+def test_correctness_reference_captures_skip_the_light_profile(tmp_path, monkeypatch):
+    from validators.correctness import benchmarks
+
+    monkeypatch.setattr(benchmarks, "_MEMO", {})  # (this process's memo would skip the capture)
+    benchmarks.references("quick", tmp_path, workloads=("dlrm",), config="debug")
+    traces = list(tmp_path.glob("*/trace"))
+    assert traces and all((t / "trace.json.gz").exists() and not (t / "pacing.json.gz").exists() for t in traces)
+
+
 def test_the_captured_step_is_rebuilt_from_what_the_plan_keeps_of_capture_json(tmp_path):
     import torch
 

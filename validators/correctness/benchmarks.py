@@ -96,8 +96,9 @@ def reference(workload: str, config: str, mode: str, dtype: str, root: Path, pro
         if not (trace_dir / "capture.json").is_file():
             if progress is not None:
                 progress.note(f"capturing {workload} ({config}, {mode}) on cpu")
+            # (no light profile: operator outputs are compared here, never the capture's timing)
             capture(workload, trace_dir, config=config, mode=mode, device="cpu", steps=1, warmup=1, seed=0,
-                    force=True)
+                    light=False, force=True)
         if progress is not None:
             progress.note(f"generating {subject}")
         generate(str(trace_dir), str(bench_dir), device="cpu", dtype=None if dtype == "float32" else dtype,
