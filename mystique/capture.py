@@ -229,11 +229,19 @@ def step_spread(median_ms: float, iqr_ms: float, iters: int) -> dict[str, Any]:
     return {"spread": spread if math.isfinite(spread) else None, "too_noisy": noisy, "reason": reason}
 
 
+#: steps the light profile records after its warm-up step: ``mystique predict`` takes each op's median
+#: over them, so one slow step (the first after the execution trace was written, a preempted one)
+#: does not set the prediction; each is paired with an unprofiled step timed beside it (see
+#: :func:`record_pacing`), so 8 pairs: the plain steps' median outlasts a few slow ones. A capture with
+#: more ``--steps`` takes as many pairs (:func:`pacing_pairs`)
+PACING_STEPS = 8
+
+
 def record_step(step: Callable[[], Any], target: Target, trace_path: Path, kineto_path: Path,
-                pacing_path: Path | None = None, pairs: int = 0) -> dict[str, Any] | None:
+                pacing_path: Path | None = None, pairs: int = PACING_STEPS) -> dict[str, Any] | None:
     """Record one step with the Execution Trace observer and the Kineto profiler together; with
-    ``pacing_path``, then :data:`PACING_STEPS` more steps with the Kineto profiler alone (host
-    timeline only; ``pairs`` of them where that is more), each paired with a plain step, and the
+    ``pacing_path``, then ``pairs`` more steps with the Kineto profiler alone (host timeline only;
+    :func:`pacing_pairs` of the capture's steps), each paired with a plain step, and the
     profiler's measured cost per event: what :func:`record_pacing` returns is returned (else None).
 
     The profiler schedule runs one warm-up step (profiler started, nothing kept), then one active
@@ -270,14 +278,6 @@ def record_step(step: Callable[[], Any], target: Target, trace_path: Path, kinet
     return record_pacing(step, target, pacing_path, pairs)
 
 
-#: steps the light profile records after its warm-up step: ``mystique predict`` takes each op's median
-#: over them, so one slow step (the first after the execution trace was written, a preempted one)
-#: does not set the prediction; each is paired with an unprofiled step timed beside it (see
-#: :func:`record_pacing`), so 8 pairs: the plain steps' median outlasts a few slow ones. A capture with
-#: more ``--steps`` takes as many pairs (:func:`pacing_pairs`)
-PACING_STEPS = 8
-
-
 def pacing_pairs(steps: int) -> int:
     """Light/plain pairs a capture of ``steps`` timed steps records: :data:`PACING_STEPS`, or ``steps``
     where that is more. What ``predict`` judges its self-prediction by is the median of the pairs'
@@ -288,8 +288,8 @@ def pacing_pairs(steps: int) -> int:
     return max(PACING_STEPS, int(steps))
 
 
-def record_pacing(step: Callable[[], Any], target: Target, path: Path, pairs: int = 0) -> dict[str, Any]:
-    """:data:`PACING_STEPS` (or ``pairs``, where more) steps under the Kineto profiler alone, CPU events only, no shapes: the
+def record_pacing(step: Callable[[], Any], target: Target, path: Path, pairs: int = PACING_STEPS) -> dict[str, Any]:
+    """``pairs`` steps under the Kineto profiler alone, CPU events only, no shapes: the
     lightest profile torch offers, so the gaps between its ops are the step's own host time (see
     :func:`mystique.trace.pacing.align_spans`); then the profiler's cost per recorded event, measured
     on this host (:func:`mystique.trace.profiler_cost.measure_event_cost`).
@@ -315,10 +315,9 @@ def record_pacing(step: Callable[[], Any], target: Target, path: Path, pairs: in
                 target.synchronize()
         return (time.perf_counter() - t0) * 1e3
 
-    n = max(PACING_STEPS, pairs)
     with profile(activities=cpu, record_shapes=False) as prof:
         timed(None)  # warm-up step under the profiler, outside every step region (not kept as a step)
-        for i in range(n):
+        for i in range(pairs):
             for on in ((False, True) if i % 2 == 0 else (True, False)):
                 prof.toggle_collection_dynamic(on, cpu)
                 if on:
@@ -328,7 +327,7 @@ def record_pacing(step: Callable[[], Any], target: Target, path: Path, pairs: in
         prof.toggle_collection_dynamic(True, cpu)
     export_chrome_trace(prof, path)
     return {"profiler_event_cost": measure_event_cost(),
-            "light_reference": {"plain_ms": plain_ms, "light_ms": light_ms, "pairs": n,
+            "light_reference": {"plain_ms": plain_ms, "light_ms": light_ms, "pairs": pairs,
                                 "how": "plain and light-profiled steps alternating in one profiler "
                                        "session (collection toggled off for the plain ones)"}}
 
