@@ -173,9 +173,10 @@ def batch_pool(inputs: list[DataInput]) -> list[DataInput]:
     return pool
 
 
-def infer_batch(plan: Plan) -> int:
-    """The batch size: the most common leading consumed dim of the data inputs (see the module docstring)."""
-    pool = batch_pool(data_inputs(plan))
+def infer_batch(plan: Plan, inputs: list[DataInput] | None = None) -> int:
+    """The batch size: the most common leading consumed dim of the data inputs (see the module docstring);
+    ``inputs``: the plan's :func:`data_inputs`, where the caller has them."""
+    pool = batch_pool(data_inputs(plan) if inputs is None else inputs)
     if not pool:
         raise UsageError("cannot infer the batch size: the benchmark has no data inputs")
     counts = Counter(d.batch_dim for d in pool)

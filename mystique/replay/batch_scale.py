@@ -37,6 +37,7 @@ import mystique.replay.runtime as ex
 from ..errors import UsageError
 from .batch_infer import (
     FLOAT_DTYPES,
+    DataInput,
     batch_pool,
     data_inputs,
     infer_batch,
@@ -304,15 +305,16 @@ def _resolving_call(c: Any, kind: str, slots: list[int], old_op: dict[str, Any],
     return call
 
 
-def _saved_activations(plan: Plan, b: int, mutated: set[int]) -> tuple[set[int], set[int]]:
+def _saved_activations(plan: Plan, b: int, mutated: set[int], inputs: list[DataInput]) -> tuple[set[int], set[int]]:
     """External tensors first read by a backward op (activations autograd saved inside a forward
     composite, such as ``cross_entropy_loss``'s log-softmax or attention's log-sum-exp, which the trace
     holds as inputs), and the sizes the batch takes flattened with a data input's following dims
     (``B x L`` of ``[B, L]`` token ids). Such a tensor's leading dim is its batch: where it is ``B`` or
-    one of those products, only it scales (a later dim equal to ``B``, heads say, is kept)."""
+    one of those products, only it scales (a later dim equal to ``B``, heads say, is kept). ``inputs``: the
+    plan's :func:`data_inputs`."""
     tensors = {t["id"]: t for t in plan.tensors}
     products: set[int] = {b}
-    for di in batch_pool(data_inputs(plan, mutated)):
+    for di in batch_pool(inputs):
         if di.dims[0] == b:
             p = b
             for d in di.dims[1:]:
@@ -339,7 +341,9 @@ def rescale_batch(plan: Plan, factor: float, allow_ops: Sequence[str] = ()) -> P
         raise UsageError(f"--batch-scale must be a positive number, not {factor}")
     if factor == 1:
         return plan
-    b = infer_batch(plan)
+    mutated = mutated_inputs(plan)
+    inputs = data_inputs(plan, mutated)
+    b = infer_batch(plan, inputs)
     nb = max(1, int(round(b * factor)))
     if b == 1:
         raise UsageError("the batch size is 1: its dimension cannot be told apart from other unit dims, "
@@ -347,7 +351,6 @@ def rescale_batch(plan: Plan, factor: float, allow_ops: Sequence[str] = ()) -> P
     if nb == b:
         raise UsageError(f"--batch-scale {factor} leaves the batch size {b} unchanged")
     tensors = {t["id"]: t for t in plan.tensors}
-    mutated = mutated_inputs(plan)
     params = [t for t in plan.tensors if t["source"] == "external" and t["id"] in mutated and b in t["shape"]]
     if params:
         t = params[0]
@@ -356,8 +359,8 @@ def rescale_batch(plan: Plan, factor: float, allow_ops: Sequence[str] = ()) -> P
     before = _meta_failures(plan, allow_ops)
     new = plan.copy()
     nt = {t["id"]: t for t in new.tensors}
-    saved, _products = _saved_activations(plan, b, mutated)
-    data = {d.t["id"]: d for d in data_inputs(plan, mutated)}
+    saved, _products = _saved_activations(plan, b, mutated, inputs)
+    data = {d.t["id"]: d for d in inputs}
     for t in new.tensors:
         if t["source"] in ("external", "unused"):
             d = data.get(t["id"])
