@@ -215,8 +215,6 @@ def checked_quantized_embedding_bag(table: QuantizedTable, indices: torch.Tensor
     def lookup() -> torch.Tensor:
         return quantized_embedding_bag(table, idx, off, mode)
 
-    hit = table.__dict__.get("_fused")  # (table.fused(), its cache read here: a call less on the hot path)
-    ft = hit[2] if hit is not None and hit[0] is packed and hit[1] is table.checks else table.fused()
-    done = None if exact_ratio else fused_checked(ft, idx, off, mode, 6.0, lam, (op, "uint8", shape), bags, lookup,
-                                                   keep=False)
+    done = None if exact_ratio else fused_checked(table.fused(), idx, off, mode, 6.0, lam, (op, "uint8", shape), bags,
+                                                   lookup, keep=False)
     return done[:2] if done is not None else _checked_lookup(table.fused(), bags(), exact_ratio, lookup)
