@@ -171,14 +171,11 @@ def _pinned(mod: Any, model: torch.nn.Module, pins: Pins) -> Any:
     return mod.pinned_routing(model, pins) if pins else contextlib.nullcontext()
 
 
-def _reference_routing(mod: Any, ref: torch.nn.Module, batch64: dict[str, torch.Tensor]) -> Pins:
-    """The fp64 reference forward's routing choice of each MoE layer (None when ``mod`` routes nothing)."""
+def _reference_routing(mod: Any, ref: torch.nn.Module) -> Any:
+    """A context recording the routing choice of each MoE layer of ``ref`` (``recorded_routing``), or None
+    when ``mod`` routes nothing (or cannot pin a routing)."""
     record = getattr(mod, "recorded_routing", None)
-    if record is None or not hasattr(mod, "pinned_routing"):
-        return None
-    with torch.no_grad(), record(ref) as seen:
-        mod.forward(ref, batch64)
-    return {name: calls[0] for name, calls in seen.items()} or None
+    return record(ref) if record is not None and hasattr(mod, "pinned_routing") else None
 
 
 def _derived_bounds(ctx: Ctx, mod: Any, ref: torch.nn.Module, batch64: dict[str, torch.Tensor], dtype: torch.dtype,
@@ -274,14 +271,16 @@ def _batch_to(batch: dict[str, torch.Tensor], device: torch.device, fp64: bool =
 
 def _reference(mod: Any, model32: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tuple[Any, ...]:
     """The fp64 reference of ``model32`` on ``batch``: (model, batch, routing pins, output, block outputs,
-    loss, gradients), routed as its own forward routes (pinned, so every later run routes alike)."""
+    loss, gradients), routed as its own forward routes (its choice recorded in that forward and pinned
+    after it, so every later run routes alike)."""
     ref = copy.deepcopy(model32).double()
     batch64 = _batch_to(batch, torch.device("cpu"), fp64=True)
-    pins = _reference_routing(mod, ref, batch64)
+    recording = _reference_routing(mod, ref)
     rec = _Recorder(ref)
-    with torch.no_grad(), _pinned(mod, ref, pins):
+    with torch.no_grad(), recording or contextlib.nullcontext() as seen:
         ref_out = mod.forward(ref, batch64).detach().double()
     rec.close()
+    pins = ({name: calls[0] for name, calls in seen.items()} or None) if seen is not None else None
     ref.zero_grad(set_to_none=True)
     with _pinned(mod, ref, pins):
         ref_loss = mod.loss(ref, batch64)
