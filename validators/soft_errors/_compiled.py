@@ -21,8 +21,9 @@ from ._numba_options import NJIT
 F32, F64, I64, I32, I8 = ir.FloatType(), ir.DoubleType(), ir.IntType(64), ir.IntType(32), ir.IntType(8)
 #: How many indices ahead the fused lookups prefetch a float32 row (fbgemm's CPU kernels use 16 as well)
 PREFETCH = 16
-#: ... and an 8-bit row of D = 64, read whole by one pass (its codes, scale and bias in two cache lines, with its
-#: row sum three an index, most from beyond the L3 cache in the overhead group's rounds). A distance measured
+#: ... and an 8-bit row of D = 64, read whole by one pass (its codes, scale, bias and row sum in two cache lines,
+#: most from beyond the L3 cache in the overhead group's rounds; measured when the row sums were an array of
+#: their own, a third line an index: fused_layout.row_layout). A distance measured
 #: per shape, as fbgemm's is a parameter: 100000 rows, 2048 bags of 40, this 2-core host, paired rounds of the
 #: bare kernel against 16 ahead (600-1200 each, load 3.2-5.6): D = 64, 32 ahead -5.6% [-7.9, -3.1] and -8.3%
 #: [-10.9, -5.6], 48 -5.7%, 64 -2.6%, 8 +12.5%; but slower at D = 96 (+6.8% [+5.5, +8.0]: three passes over
@@ -345,10 +346,12 @@ class _Chunk:
             first = self.ptr(0, jp, self.col0)
             for k in range(0, self.nv * self.width * (1 if self.quantized else 4), 64):
                 self.prefetch(self.byte(first, k))
-            if self.sums:
+            if self.sums and self.quantized:  # (the scale and bias, and the row sum beside them: row_layout)
+                tail = self.ptr(0, jp, self.codes)
+                self.prefetch(tail)
+                self.prefetch(self.byte(tail, 11))
+            elif self.sums:
                 self.prefetch(self.ptr(8, jp))
-                if self.quantized:
-                    self.prefetch(self.ptr(0, jp, self.codes))
 
     def lookup(self, i: Any) -> None:
         """One index of the bag: prefetch ahead, then add its row sum to the reference and pool its row."""
@@ -356,8 +359,9 @@ class _Chunk:
         self.prefetch_ahead(i)
         j = self.row_of(i)
         w = builder.load(self.ptr(9, i)) if self.weighted else None
-        if self.sums:
-            rs = builder.fpext(builder.load(self.ptr(8, j)), F64)
+        if self.sums:  # (8-bit rows: the fp32 row sum 8 bytes past the codes, row_layout's; else rowsum[j])
+            at = self.byte(self.ptr(0, j, self.codes), 8) if self.quantized else self.ptr(8, j)
+            rs = builder.fpext(builder.load(at, typ=F32, align=4), F64)
             if self.weighted:
                 rs = builder.fmul(rs, builder.fpext(w, F64))
             builder.store(builder.fadd(builder.load(self.ref), rs), self.ref)
@@ -424,15 +428,16 @@ def _row_chunk(nv: int, width: int) -> Any:
     ``out[b, c0 : c0 + nv*width]`` to the bag ``idx[s:e]`` pooled over those columns and divided by
     ``div``, with ``nv`` accumulators of ``width`` float32 lanes held in registers (Numba's own loops keep
     them in memory, which no alias analysis can lift). ``table`` is a float32
-    (R x D) table or an 8-bit row-wise one (uint8, R x (D + 8): D codes, then the fp32 scale and bias at
-    byte ``dcodes``); ``psw`` the per-sample weights or None. Each element is summed in index order in
+    (R x D) table or an 8-bit row-wise one (uint8, R x S, S >= D + 12: D codes, then the fp32 scale, bias and
+    row sum at byte ``dcodes``); ``psw`` the per-sample weights or None. Each element is summed in index order in
     float32 exactly as torch's CPU kernels do (fp32 rows: ``acc + x``, or ``fma(w, x, acc)`` with
     weights; 8-bit rows: ``fma(q, scale, acc + bias)``, scale and bias multiplied by the weight first),
     so the output is bitwise torch's (and checked to be, see :func:`.abft.fused_lookup.fused_lookups_agree`). The
     chunk's cache lines of the row ``PREFETCH`` (8-bit rows of D = 64: ``PREFETCH_8BIT``)
     indices ahead are prefetched. A ``summing`` chunk (a
     literal) also returns the bag's reference ``sum_i rowsum[j_i] (* psw[i])`` in fp64 and prefetches the
-    row sums (and the scale and bias). Returns ``(reference, output sum, output 1-norm)``. The indices
+    row sums (8-bit rows: each read in its row, :func:`.abft.fused_layout.row_layout`; float32 rows: ``rowsum``)
+    and the scale and bias. Returns ``(reference, output sum, output 1-norm)``. The indices
     are not checked here (each check is two instructions more per index in a loop whose speed is the
     number of rows it has in flight): :func:`bag_lookup` checks them all first.
     """
@@ -473,6 +478,8 @@ def bag_lookup(lo, hi, table, idx, off, out, rowsum, psw, mean, check, c_lb, tin
     n = idx.shape[0]
     if (lo < hi and off[0] != 0) or (n and not table.shape[0]):
         return -1.0  # (torch refuses a first offset other than 0; no row of an empty table can be read)
+    if table.itemsize == 1 and table.shape[1] < d + 12:
+        return -1.0  # (8-bit rows are read in row_layout's layout: codes, scale, bias, the row sum)
     if not indices_in(idx, table.shape[0]):
         return -1.0  # (every index is in some bag, the first offset being 0: torch refuses any outside the table)
     # float32 rows: the references first, in a pass of their own (pooled_refs), then the lookup without them.

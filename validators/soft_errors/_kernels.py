@@ -17,7 +17,8 @@ compute the checksums and the verdict in the passes over the data themselves:
   weights), bitwise torch's, each bag checked as it is pooled, its inner loop written in LLVM IR so
   that the accumulators stay in registers; the row sums are gathered into each bag's reference in a
   pass of their own before it (float32 rows: ``pooled_refs``, the R x 1 row sums then stay in the L2
-  cache, which the rows streaming through it would evict) or in the lookup's own pass (8-bit rows);
+  cache, which the rows streaming through it would evict) or in the lookup's own pass (8-bit rows, read
+  in :func:`.abft.fused_layout.row_layout`'s layout, each row's fp32 checksum beside it);
   ``bag_out_verdict`` checks its output later against the references it wrote.
 
 The kernels run on the calling thread. The GEMM passes read one row at a time and sum its products
@@ -89,7 +90,7 @@ def _smoke(k: dict[str, Any]) -> None:
     k["bag_verdict"](0, 1, np.ones((1, 3), f32), np.zeros(2, np.int64), np.zeros(1, np.int64), np.ones(3, f32),
                      NO_WEIGHTS, False, 1.0, 1.0, np.zeros(1, f64), np.zeros(1, f64))
     k["bag_out_verdict"](0, 1, np.ones((1, 3), f32), np.zeros(1, f64), 1.0, 1.0, np.zeros(1, f64))
-    for table in (np.ones((3, 1), f32), np.ones((3, 9), np.uint8)):  # fp32 and 8-bit, unweighted and weighted
+    for table in (np.ones((3, 1), f32), np.ones((3, 16), np.uint8)):  # fp32 and 8-bit, unweighted and weighted
         for psw in (None, np.ones(2, f32)):
             k["bag_lookup"](0, 1, table, np.zeros(2, np.int64), np.zeros(1, np.int64), np.empty((1, 1), f32),
                             np.ones(3, f32), psw, False, True, 1.0, 1.0, np.zeros(1, f64), np.zeros(1, f64))

@@ -193,9 +193,11 @@ def checked_quantized_embedding_bag(table: QuantizedTable, indices: torch.Tensor
                                     ) -> tuple[torch.Tensor, CheckReport]:
     """8-bit row-wise EmbeddingBag (sum or mean) checked against the precomputed row checksums.
 
-    The checksums sit in separate fp32 tables (not in the packed row): a checksum carried in the row
-    would be dequantized with the row's own scale and bias, so a flip of those would move the
-    reference with the result and go unseen.
+    The checksums are fp32 values computed from the packed bytes in fp64, not codes of the packed row: a
+    checksum code would be dequantized with the row's own scale and bias, so a flip of those would move
+    the reference with the result and go unseen. The fused CPU lookup reads the table in a layout of its
+    own with each row's fp32 checksum beside the row (:func:`.fused_layout.row_layout`: a copy, 1.11x the
+    packed table at D = 64, made again after an in-place write to ``table.packed``).
     """
     if mode != "sum" and mode != "mean":  # (each operation here is on the hot path of a lookup: fused_checked)
         pooling_mode("checked_quantized_embedding_bag", mode)

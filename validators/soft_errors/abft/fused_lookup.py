@@ -211,12 +211,15 @@ def fused_lookups_agree(quantized: bool, weighted: bool) -> bool:
                     want = quantized_embedding_bag(table, idx, off, mode) if psw is None else \
                         torch.ops.quantized.embedding_bag_byte_rowwise_offsets(table.packed, idx, off, False, 0, False,
                                                                                psw, None, False)
-                    t, checks = table.packed, table.checks
+                    ft = table.fused()
+                    if ft is None:
+                        return False
+                    t, checks = ft.view, table.checks
                 else:
                     t, checks = w, EmbeddingChecks.of(w)
                     want = F.embedding_bag(idx, w, off, mode=mode, per_sample_weights=psw)
                 out, buf = np.empty((5, d), np.float32), np.empty((2, 5))
-                flag = kernel(0, 5, t.numpy(), idx.numpy(), off.numpy(), out, checks.rowsum_view(),
+                flag = kernel(0, 5, t if quantized else t.numpy(), idx.numpy(), off.numpy(), out, checks.rowsum_view(),
                               None if psw is None else psw.numpy(), mode == "mean", False, 1.0, 1.0, buf[0], buf[1])
                 ok &= torch.equal(torch.from_numpy(out), want) and flag != -1.0
     _AGREE[(quantized, weighted)] = ok
