@@ -312,8 +312,8 @@ EMBEDDING_COMPARISONS = (
      "checked_embedding_bag (the compiled lookup, bitwise torch's, after a pass that gathers the R x 1 row sums "
      "into each bag's reference; each bag checked as it is pooled) vs F.embedding_bag"),
     ("embedding_bag_8bit", "checked_embedding_bag_8bit", "embedding_bag_8bit", "uint8",
-     "checked 8-bit row-wise lookup (compiled, bitwise fbgemm's, row-sum gather and check in the same pass) vs "
-     "torch's fused 8-bit kernel"),
+     "checked 8-bit row-wise lookup (compiled, bitwise fbgemm's, each row read with its fp32 row sum beside it in "
+     "the checker's own layout, each bag checked as it is pooled) vs torch's fused 8-bit kernel"),
     ("protect_embedding_bag", "protected_embedding_bag_module", "embedding_bag_module", "float32",
      "nn.EmbeddingBag under protect() (its forward the compiled lookup after the row-sum gather's own pass, each "
      "bag checked after it; no forward hook unless another one is registered) vs plain"),
@@ -323,5 +323,6 @@ EMBEDDING_FLOORS = (
      "F.embedding_bag plus the bare gather of one 4-byte row sum per index (no sums, no verdict) vs "
      "F.embedding_bag"),
     ("embedding_bag_8bit_gather_floor", "embedding_bag_8bit_bare_gather", "embedding_bag_8bit",
-     "the 8-bit row-wise fused kernel plus the bare gather of one 4-byte row sum per index vs the kernel alone"),
+     "the 8-bit row-wise fused kernel plus the bare gather of one 4-byte row sum per index from an array of its "
+     "own (what the checked lookup's in-row layout avoids) vs the kernel alone"),
 )
