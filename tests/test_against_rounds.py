@@ -102,7 +102,7 @@ def _check(bench, null, delta_s, unc_s=0.2e-3):
     dev = FakeDevice()
     p = rotated_rounds(_streams(dev, *bench, null), clock=dev.clock, half_width=1e-9, time_cap_s=60, min_rounds=60)
     res = Results(RunContext(device="cpu", device_name="test", torch_version="x"), "replay")
-    s = rows(res, "x [skewed:4 vs uniform]", rc.Prediction(delta_s, unc_s, 8, 4), p.base_median_s(), *p.ratio("bench"),
+    s = rows(res, "x [skewed:4 vs uniform]", rc.Prediction(delta_s, delta_s - unc_s, delta_s + unc_s, 40, 8, 32), p.base_median_s(), *p.ratio("bench"),
              null=p.ratio("null"), rounds=p.rounds, threads=1, load=(None, None), replayed_ok=True, repro="r")
     return s, {r["check"]: r for r in res.rows}
 

@@ -1,6 +1,7 @@
 """A routing change's predicted effect against its measured one (issue 34): ``replay BENCH --against
 BASE``. The model (mystique.replay.routing_cost) and the check are tested on synthetic numbers; the
-real timing is in docs/results/replay_llama4_routing_skew/."""
+real timing is in docs/results/replay_llama4_routing_skew_*/; the paired timing runs on an injected
+clock and grouped GEMM, so no wall-clock speed is involved."""
 
 from __future__ import annotations
 
@@ -8,6 +9,9 @@ import math
 from types import SimpleNamespace
 
 import pytest
+from hyp import examples
+from hypothesis import given
+from hypothesis import strategies as st
 
 from mystique.replay import routing_cost as rc
 from mystique.replay.against import rows
@@ -30,12 +34,16 @@ def _plan(loads_per_site, shapes=((1024, 256), (8, 256, 512))):
     return SimpleNamespace(ops=ops, metadata={"pins": pins_}, data={"tensors": tensors, "storages": storages})
 
 
-def test_sites_pair_the_grouped_gemms_and_refuse_other_totals():
+def test_sites_pair_the_grouped_gemms_with_their_operand_layouts_and_refuse_other_totals():
     cand, base = _plan([[6, 1, 1, 0]] * 2), _plan([[2, 2, 2, 2]] * 2)
     ss = rc.sites(cand, base)
     assert len(ss) == 2 and ss[0].layout == "rows" and ss[0].dims == (256, 512)
-    assert ss[0].candidate == (6, 1, 1, 0) and ss[0].base == (2, 2, 2, 2)
-    assert rc.needed(ss) == {("rows", (256, 512), "float32", n) for n in (0, 1, 2, 6)}
+    assert ss[0].candidate == (6, 1, 1, 0) and ss[0].base == (2, 2, 2, 2) and ss[0].moved == 4
+    # a plan's tensor without strides is contiguous; a transposed weight (an input gradient's) keeps its strides
+    assert ss[0].operands == (((1024, 256), (256, 1)), ((8, 256, 512), (131072, 512, 1)))
+    cand.data["tensors"][1]["strides"] = [131072, 1, 256]
+    assert rc.sites(cand, base)[0].operands[1] == ((8, 256, 512), (131072, 1, 256))
+    assert rc.sites(_plan([[2, 2, 2, 2]]), _plan([[2, 2, 2, 2]]))[0].moved == 0
     with pytest.raises(ValueError, match="keeps each layer's total"):
         rc.sites(_plan([[6, 1, 1, 1]]), _plan([[2, 2, 2, 2]]))
     with pytest.raises(ValueError, match="ops"):
@@ -45,45 +53,126 @@ def test_sites_pair_the_grouped_gemms_and_refuse_other_totals():
     assert rc._layout([8, 64, 256], [256, 1024]) == ("cols", (64, 256))
 
 
-def test_the_prediction_sums_the_group_times_that_move_with_their_uncertainty():
-    ss = rc.sites(_plan([[6, 1, 1, 0]] * 2), _plan([[2, 2, 2, 2]] * 2))
-    # a cost curve with a fixed per-group cost: t(n) = 10 + 3 n us, each point known to +-0.5 us
-    pts = {("rows", (256, 512), "float32", n): rc.Point((10 + 3 * n) * 1e-6, (9.5 + 3 * n) * 1e-6, (10.5 + 3 * n) * 1e-6)
-           for n in (0, 1, 2, 6)}
-    p = rc.predict(ss, pts)
-    # per site: t(6)+t(1)+t(1)+t(0) - 4 t(2) = (28+13+13+10) - 4*16 = 0: a linear cost moves nothing
-    assert p.delta_s == pytest.approx(0.0, abs=1e-12) and p.terms == 8 and p.points == 4
-    assert p.uncertainty_s == pytest.approx(8 * 1e-6)  # 8 moved groups, each two points of +-0.5 us
-    # a cost with a floor (small groups as dear as a block of 4): skew saves time
-    pts = {k: rc.Point(v, v, v) for k, v in ((("rows", (256, 512), "float32", n), max(n, 4) * 1e-6)
-                                             for n in (0, 1, 2, 6))}
-    p = rc.predict(ss, pts)
-    assert p.delta_s == pytest.approx(2 * ((6 + 4 + 4 + 4) - 4 * 4) * 1e-6)
-    r, lo, hi = p.ratio(1e-3)
-    assert r == pytest.approx(1.004) and lo == hi == r
-    assert all(math.isnan(x) for x in p.ratio(0.0))
+def test_an_operand_has_the_steps_strides():
+    import torch
+
+    t = rc._operand((8, 256, 512), (131072, 1, 256), torch.float32, torch.device("cpu"))
+    assert t.shape == (8, 256, 512) and t.stride() == (131072, 1, 256) and t.isfinite().all()
+    assert rc._operand((0, 4), (4, 1), torch.float32, torch.device("cpu")).shape == (0, 4)
 
 
-@pytest.mark.parametrize("pred, meas, want", [
-    ((1.10, 1.20), (1.12, 1.18), "pass"),  # inside: the amount and the direction
-    ((1.10, 1.20), (1.01, 1.05), "fail"),  # the right direction, not the predicted amount
-    ((1.10, 1.20), (0.90, 0.95), "fail"),  # the wrong direction
-    ((1.10, 1.20), (0.98, 1.15), "inconclusive"),  # overlaps, but a change is not resolved
-    ((0.98, 1.01), (0.99, 1.00), "inconclusive"),  # the model does not say which way: agreeing confirms nothing
-    ((0.95, 1.06), (0.95, 1.05), "inconclusive"),  # (the train skewed:2 figure on a busy host: both +-5%)
-    ((1.0, 1.0), (0.99, 1.01), "pass"),  # no load moved: exactly no change predicted, and none seen
-    ((1.0, 1.0), (1.002, 1.01), "fail"),  # ... and a change seen
-    ((0.80, 0.90), (0.85, 0.95), "pass"),
-    ((0.80, 0.90), (0.85, 1.02), "inconclusive"),
-    ((math.nan, 1.0), (0.9, 1.1), "inconclusive"),
+class FakeGemm:
+    """A grouped GEMM that advances a fake clock by a cost of its groups' sizes (seconds), with an
+    optional drift that grows with every call (a host slowing down), recording which loads ran."""
+
+    def __init__(self, cost, drift: float = 0.0) -> None:
+        self.now, self.cost, self.drift, self.calls = 0.0, cost, drift, []
+
+    def clock(self) -> float:
+        return self.now
+
+    def __call__(self, a, b, offs) -> None:
+        ends = offs.tolist()
+        ls = tuple(e - s for s, e in zip([0, *ends[:-1]], ends))
+        self.calls.append(ls)
+        self.now += self.cost(ls) + self.drift * len(self.calls)
+
+
+def _per_group(ls) -> float:
+    """A cost with a per-group floor (a group of fewer than 4 tokens as dear as 4; an empty group free)."""
+    return sum(max(n, 4) * 1e-6 for n in ls if n)
+
+
+def test_the_prediction_is_the_paired_difference_of_the_moved_grouped_gemms():
+    cand, base = _plan([[6, 1, 1, 0], [2, 2, 2, 2]]), _plan([[2, 2, 2, 2]] * 2)
+    ss = rc.sites(cand, base)
+    g = FakeGemm(_per_group)
+    p = rc.time_sites(ss, "cpu", clock=g.clock, run=g, min_rounds=8)
+    # only the site whose loads moved runs: (6, 1, 1, 0) against (2, 2, 2, 2)
+    assert set(g.calls) == {(6, 1, 1, 0), (2, 2, 2, 2)} and len(g.calls) == 2 * (2 + 8)
+    pred = rc.predict(ss, p)
+    want = _per_group((6, 1, 1, 0)) - _per_group((2, 2, 2, 2))  # 14 - 16 us
+    assert pred.delta_s == pytest.approx(want) and pred.low_s == pytest.approx(want) == pytest.approx(pred.high_s)
+    assert (pred.rounds, pred.sites, pred.groups) == (8, 1, 4) and p.stop == "half-width"
+    r, lo, hi = pred.ratio(1e-3)
+    assert r == pytest.approx(1 + want / 1e-3) and lo == pytest.approx(r) and hi == pytest.approx(r)
+    assert all(math.isnan(x) for x in pred.ratio(0.0))
+    # nothing moved: exactly no change, nothing timed
+    same = rc.sites(_plan([[2, 2, 2, 2]]), _plan([[2, 2, 2, 2]]))
+    g = FakeGemm(_per_group)
+    none = rc.predict(same, rc.time_sites(same, "cpu", clock=g.clock, run=g, min_rounds=3, time_cap_s=0.0))
+    assert (none.delta_s, none.low_s, none.high_s) == (0.0, 0.0, 0.0) and none.ratio(1.0) == (1.0, 1.0, 1.0)
+
+
+def test_the_rounds_run_abba_so_that_a_drifting_host_cancels_in_the_median():
+    ss = rc.sites(_plan([[6, 1, 1, 0]]), _plan([[2, 2, 2, 2]]))
+    g = FakeGemm(_per_group, drift=1e-7)  # each call 0.1 us slower than the last: 14 vs 16 us, a 2 us change
+    p = rc.time_sites(ss, "cpu", clock=g.clock, run=g, min_rounds=40, time_cap_s=1e9, rel_half_width=1.0)
+    order = ["c" if c == (6, 1, 1, 0) else "b" for c in g.calls[4:]]  # after the two warm-up pairs
+    assert "".join(order[:8]) == "cbbcbccb"  # rounds AB, BA, BA, AB: each side first in half the rounds
+    pred = rc.predict(ss, p)
+    # the drift adds +-0.1 us to alternate rounds' differences; the median lies between, the interval holds -2 us
+    assert pred.low_s <= -2e-6 <= pred.high_s and abs(pred.delta_s + 2e-6) <= 0.11e-6
+
+
+def test_the_rounds_stop_at_the_half_width_or_the_time_cap():
+    ss = rc.sites(_plan([[6, 1, 1, 0]]), _plan([[2, 2, 2, 2]]))
+    noise = iter([0.0, 3e-6, -3e-6, 5e-6] * 1000)
+    g = FakeGemm(lambda ls: _per_group(ls) + next(noise))  # a noisy host: the interval never narrows to 10%
+    p = rc.time_sites(ss, "cpu", clock=g.clock, run=g, min_rounds=10, time_cap_s=2e-3)
+    assert p.stop == "time cap" and len(p.candidate_s) > 10
+    g = FakeGemm(_per_group)
+    p = rc.time_sites(ss, "cpu", clock=g.clock, run=g, min_rounds=10, time_cap_s=2e-3)
+    assert p.stop == "half-width" and len(p.candidate_s) == 10
+
+
+@pytest.mark.parametrize("pred, meas, floor, want", [
+    ((1.10, 1.20), (1.12, 1.18), 0.0, "pass"),  # inside: the amount and the direction
+    ((1.10, 1.20), (1.01, 1.05), 0.0, "fail"),  # the right direction, not the predicted amount
+    ((1.10, 1.20), (1.01, 1.05), 0.06, "inconclusive"),  # ... unless the floor reaches the prediction
+    ((1.10, 1.20), (0.90, 0.95), 0.0, "fail"),  # the wrong direction
+    ((1.10, 1.20), (0.98, 1.15), 0.0, "inconclusive"),  # overlaps, but a change is not resolved
+    ((1.10, 1.20), (1.15, 1.25), 0.0, "inconclusive"),  # the direction, but reaching past the predicted amount
+    ((1.10, 1.20), (1.15, 1.25), 0.05, "pass"),  # ... within the floor
+    ((1.02, 1.03), (1.012, 1.035), 0.015, "inconclusive"),  # inside the widened prediction, but the floor reaches 1
+    ((0.98, 1.01), (0.99, 1.00), 0.0, "inconclusive"),  # the model does not say which way: agreeing confirms nothing
+    ((0.95, 1.06), (0.95, 1.05), 0.0, "inconclusive"),  # (the train skewed:2 figure on a busy host: both +-5%)
+    ((1.0, 1.0), (0.99, 1.01), 0.0, "pass"),  # no load moved: exactly no change predicted, and none seen
+    ((1.0, 1.0), (1.002, 1.01), 0.0, "fail"),  # ... and a change seen
+    ((1.0, 1.0), (1.002, 1.01), 0.003, "pass"),  # ... within the floor
+    ((0.80, 0.90), (0.82, 0.88), 0.0, "pass"),
+    ((0.80, 0.90), (0.85, 0.95), 0.0, "inconclusive"),
+    ((0.80, 0.90), (0.85, 1.02), 0.0, "inconclusive"),
+    ((math.nan, 1.0), (0.9, 1.1), 0.0, "inconclusive"),
+    ((0.8, 0.9), (0.85, 0.88), math.nan, "inconclusive"),  # no null interval: no floor known
 ])
-def test_verdict_from_the_two_intervals(pred, meas, want):
-    assert rc.verdict(*pred, *meas) == want
+def test_verdict_from_the_two_intervals_and_the_floor(pred, meas, floor, want):
+    assert rc.verdict(*pred, *meas, floor) == want
+
+
+_ratio = st.floats(0.5, 1.5, allow_nan=False)
+
+
+@examples(200)
+@given(p=st.tuples(_ratio, _ratio), m=st.tuples(_ratio, _ratio), f=st.floats(0.0, 0.1))
+def test_verdict_laws(p, m, f):
+    (plo, phi), (mlo, mhi) = sorted(p), sorted(m)
+    v = rc.verdict(plo, phi, mlo, mhi, f)
+    # fail exactly when the measured interval widened by the floor misses the prediction
+    assert (v == "fail") == (mhi + f < plo or mlo - f > phi)
+    if v == "pass" and not plo == phi == 1:  # pass: the amount inside, the direction beyond the floor
+        assert plo - f <= mlo and mhi <= phi + f and (mlo - f > 1 or mhi + f < 1)
+        assert (mlo - f > 1) == (plo > 1)
+    # a change mirrored about 1 (a slowdown for a speed-up) is judged alike
+    assert rc.verdict(2 - phi, 2 - plo, 2 - mhi, 2 - mlo, f) == v or min(abs(x - 1) for x in (plo, phi, mlo, mhi)) < 1e-9
+    # a wider floor never turns a fail into a pass without passing through overlap, and never makes a pass fail
+    if v == "pass":
+        assert rc.verdict(plo, phi, mlo, mhi, f + 0.05) != "fail"
 
 
 def _rows(measured, replayed_ok=True, null=(1.0, 1.0, 1.0), delta_s=10e-3, unc_s=1e-3):
     res = Results(RunContext(device="cpu", device_name="test", torch_version="x"), "replay")
-    pred = rc.Prediction(delta_s=delta_s, uncertainty_s=unc_s, terms=8, points=4)  # +10 ms +-1 on a 100 ms step
+    pred = rc.Prediction(delta_s, delta_s - unc_s, delta_s + unc_s, 40, 8, 32)  # +10 ms +-1 on a 100 ms step
     s = rows(res, "llama4/small/infer [skewed:4 vs uniform]", pred, 0.1, *measured, null=null, rounds=40, threads=1,
              load=([1.0], [1.0]), replayed_ok=replayed_ok, repro="mystique replay B --against A -o OUT")
     return s, {r["check"]: r for r in res.rows}

@@ -55,7 +55,7 @@ def replay_cmd(source, output, device, iters, warmup, iteration, seed, force, ti
     merged summary.
 
     With --against BASE_BENCH (two routings of one capture): the change BENCH / BASE_BENCH is predicted
-    from the grouped GEMMs' group sizes, then measured in rounds that rotate two executors of each plan,
+    by timing the grouped GEMMs with each routing's loads in paired rounds, then measured in rounds that rotate two executors of each plan,
     beside a null (two more of BASE_BENCH: the floor two executors of one plan show), and judged
     against the prediction with the measured interval widened by that floor (OUT_DIR/results.csv,
     OUT_DIR/routing_skew.json).

@@ -112,8 +112,10 @@ against = click.option(
     "--against", default=None, metavar="BASE_BENCH",
     help="Time the benchmark against BASE_BENCH, another routing of the same capture (generate --routing), in "
     "rounds rotating two executors of each and a null (two more of BASE_BENCH), after predicting the change from "
-    "the grouped GEMMs' group sizes timed alone: routing_skew_prediction_error fails when the predicted ratio's "
-    "95% interval and the measured one widened by the null's floor are disjoint.",
+    "its grouped GEMMs timed with each routing's loads in paired rounds: routing_skew_prediction_error fails when "
+    "the predicted ratio's 95% interval and the measured one widened by the null's floor are disjoint, and passes "
+    "when the widened interval confirms the predicted direction and the measured one lies inside the predicted "
+    "interval widened by the floor.",
 )
 doc_lengths = click.option(
     "--doc-lengths", default="recorded", show_default=True, metavar="recorded|uniform:MIN-MAX|longtail:MIN:ALPHA",

@@ -3,15 +3,16 @@
 Two benchmarks that differ only in their routing (``generate --routing``) run the same ops on the same
 shapes except for their grouped GEMMs' group sizes. Here:
 
-1. the prediction is made first (:mod:`.routing_cost`): each pinned grouped GEMM's group times at the
-   sizes both routings use, timed here with the thread count the rounds will use, summed into the
-   predicted change of the step (seconds) with its uncertainty;
+1. the prediction is made first (:mod:`.routing_cost`): the pinned grouped GEMMs whose loads move,
+   on the step's operand layouts, timed with each routing's loads in paired ABBA rounds with the thread
+   count the rounds will use: the median pass difference is the predicted change of the step (seconds),
+   with its 95% interval;
 2. then the benchmarks are timed in rotated rounds in this process (:mod:`.against_rounds`):
    ``EXECUTORS`` executors of each plan, rotated so that no one executor's placement in memory biases
    the median, and a *null*, as many more executors of BASE in the same rounds: the median ratios
    BENCH / BASE and NULL / BASE with their 95% intervals;
 3. rows (suite ``replay``): ``routing_skew_predicted_ratio`` (info: 1 + predicted change / BASE's median
-   step, with the interval the uncertainty gives), ``routing_skew_measured_ratio`` (info),
+   step, with the interval the paired rounds give), ``routing_skew_measured_ratio`` (info),
    ``routing_skew_null_ratio`` (info: the floor, what two sets of executors of one plan read here now)
    and the check ``routing_skew_prediction_error``: measured - predicted ratio, its interval the
    measured one widened by the floor ``f`` (the null interval's farther end from 1) less the predicted
@@ -20,7 +21,7 @@ shapes except for their grouped GEMMs' group sizes. Here:
    expert loads predict, by more than the measurement, the model and two executors of one plan can
    differ; inconclusive when a predicted change is not resolved beyond the floor). A side whose
    replayed loads are not its planned ones makes the check an ``error``. ``routing_skew.json`` keeps
-   the points, the sites and the rounds.
+   the sites, the prediction's paired rounds and the rounds.
 """
 
 from __future__ import annotations
@@ -79,12 +80,14 @@ def replay_against(source: str | os.PathLike, base: str | os.PathLike, out_dir: 
     try:
         threads_note = busy_host_threads(target, threads, prog.note)  # the prediction and the rounds alike
         with steady_host_allocator() if dev.type == "cpu" else contextlib.nullcontext():
-            keys = routing_cost.needed(ss)
-            prog.note(f"predicting: {len(ss)} grouped GEMMs, {len(keys)} group sizes timed")
-            points = routing_cost.time_points(keys, target.device, sync=sync)
-            pred = routing_cost.predict(ss, points)
-            prog.note(f"predicted change {pred.delta_s * 1e3:+.3f} ms ± {pred.uncertainty_s * 1e3:.3f}; timing the "
-                      f"two benchmarks and a null in rotated rounds ({EXECUTORS} executors each)")
+            moved = [x for x in ss if x.moved]
+            prog.note(f"predicting: {len(moved)} of {len(ss)} grouped GEMMs move; timing them with each routing's "
+                      "loads in paired rounds")
+            paired = routing_cost.time_sites(ss, target.device, sync=sync, time_cap_s=max(5.0, time_cap / 4))
+            pred = routing_cost.predict(ss, paired)
+            prog.note(f"predicted change {pred.delta_s * 1e3:+.3f} ms [{pred.low_s * 1e3:+.3f}, "
+                      f"{pred.high_s * 1e3:+.3f}]; timing the two benchmarks and a null in rotated rounds "
+                      f"({EXECUTORS} executors each)")
             plans = (cand, basep, basep)
             execs = [[make_executor(pl, target.device, seed=seed, allow_ops=allow_ops) for _ in range(EXECUTORS)]
                      for pl in plans]
@@ -108,8 +111,8 @@ def replay_against(source: str | os.PathLike, base: str | os.PathLike, out_dir: 
                    threads=used_threads, load=(p.loadavg_start, p.loadavg_end),
                    replayed_ok=replayed_ok, repro=repro)
     summary.update(source=show(source), against=show(base), sites=[s.__dict__ for s in ss],
-                   points=[{"layout": k[0], "dims": list(k[1]), "dtype": k[2], "n": k[3], "median_us": v.median_s * 1e6,
-                            "low_us": v.low_s * 1e6, "high_us": v.high_s * 1e6} for k, v in sorted(points.items())],
+                   prediction_rounds={"stop": paired.stop, "candidate_ms": [t * 1e3 for t in paired.candidate_s],
+                                      "base_ms": [t * 1e3 for t in paired.base_s]},
                    timing={**p.summary(), **threads_note}, routing=routes[::EXECUTORS])
     with staged_output_dir(out_dir, force) as stage:
         write_csv(res.frame(), stage / "results.csv")
@@ -123,11 +126,13 @@ def rows(res: Results, subject: str, pred: routing_cost.Prediction, base_s: floa
     """The four rows (module docstring) from the prediction, the measured ratio and the null's; the summary's figures."""
     pr, plo, phi = pred.ratio(base_s)
     res.add("routing_skew_predicted_ratio", subject, "ratio", pr, low=plo, high=phi, status="info",
-            detail=f"predicted change {pred.delta_s * 1e3:+.3f} ms ± {pred.uncertainty_s * 1e3:.3f} ms (sum over "
-                   f"{pred.terms} expert groups whose load moved of t(n_new) - t(n_base), each t the median of the "
-                   f"grouped GEMM timed alone here at that group size, {pred.points} sizes, {threads} thread(s); ± the "
-                   f"linear sum of their 95% half-widths) over the base benchmark's median step {base_s * 1e3:.3f} ms; "
-                   "predicted before the benchmarks were timed")
+            detail=f"predicted change {pred.delta_s * 1e3:+.3f} ms, 95% interval [{pred.low_s * 1e3:+.3f}, "
+                   f"{pred.high_s * 1e3:+.3f}] ms: the median over {pred.rounds} paired ABBA rounds of one pass of the "
+                   f"{pred.sites} grouped GEMMs whose loads move ({pred.groups} expert groups) with the benchmark's "
+                   f"loads less one with the base's, on the step's operand shapes, strides and dtype, {threads} "
+                   "thread(s) (the grouped GEMMs' offsets are the only routing-dependent inputs of the replayed "
+                   f"step); over the base benchmark's median step {base_s * 1e3:.3f} ms; predicted before the "
+                   "benchmarks were timed")
     how = (f"{rounds} rounds in this process, {EXECUTORS} executors of each plan rotated (each stream its next every round) and the "
            f"three streams in every order in turn; load average {load[0]} -> {load[1]}")
     res.add("routing_skew_measured_ratio", subject, "ratio", ratio, low=low, high=high, status="info",
@@ -140,7 +145,7 @@ def rows(res: Results, subject: str, pred: routing_cost.Prediction, base_s: floa
                    "two sets of executors of one plan, differing only in where their tensors sit, read here now)")
     wlo, whi = low - f, high + f
     err, elo, ehi = ratio - pr, wlo - phi, whi - plo
-    status = routing_cost.verdict(plo, phi, wlo, whi) if replayed_ok else "error"
+    status = routing_cost.verdict(plo, phi, low, high, f) if replayed_ok else "error"
     why = ("" if replayed_ok else "a side's replayed tokens per expert differ from its planned ones: the comparison "
            "is not the one planned; ")
     res.add("routing_skew_prediction_error", subject, "ratio_difference", err, low=elo, high=ehi, threshold=0.0,
@@ -150,15 +155,17 @@ def rows(res: Results, subject: str, pred: routing_cost.Prediction, base_s: floa
                    f"[{plo:.4f}, {phi:.4f}]); fail when the predicted and the widened measured intervals are disjoint "
                    "(the step moved otherwise than its expert loads predict, beyond the measurement's and the model's "
                    "95% uncertainty and the offset two executors of one plan show in the same rounds: the floor is "
-                   "added linearly, as an offset the rotation may not have averaged out, and nothing else is added), "
-                   "pass when they overlap and the widened interval resolves the direction of a change the model "
-                   "predicts (its interval excluding 1), or no load moved and the widened interval holds 1, else "
-                   "inconclusive (a change smaller than the floor, or one the model itself does not resolve, cannot "
-                   "be confirmed here); the model leaves out the "
-                   "step's context (operands cold in cache in the step, hot when timed alone)"
+                   "added linearly, as an offset the rotation may not have averaged out, and nothing else is added); "
+                   "pass when the direction is confirmed (the widened measured interval excludes 1 on the side the "
+                   "predicted interval does) and the amount is (the measured interval lies inside the predicted one "
+                   f"widened by the floor, [{plo - f:.4f}, {phi + f:.4f}]), or no load moved and the widened interval "
+                   "holds 1; else inconclusive (a change smaller than the floor, a measurement too wide to place, or "
+                   "a prediction that does not say which way); the model leaves out the step's context (the other "
+                   "ops between two grouped GEMMs, and what each leaves in cache for the next)"
                    + ("" if status == "pass" else f"; reproduce: {repro}"))
     return {"predicted_ratio": pr, "predicted_low": plo, "predicted_high": phi, "predicted_delta_ms": pred.delta_s * 1e3,
-            "predicted_uncertainty_ms": pred.uncertainty_s * 1e3, "base_step_ms": base_s * 1e3, "measured_ratio": ratio,
+            "predicted_low_ms": pred.low_s * 1e3,
+            "predicted_high_ms": pred.high_s * 1e3, "base_step_ms": base_s * 1e3, "measured_ratio": ratio,
             "measured_low": low, "measured_high": high, "null_ratio": nr, "null_low": nlo, "null_high": nhi,
             "floor": f, "rounds": rounds, "verdict": status, "threads": threads}
 
