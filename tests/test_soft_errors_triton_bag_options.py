@@ -70,3 +70,43 @@ def test_fused_max_pooling_is_refused():
     w = torch.randn(5, 4)
     with interpreted(), pytest.raises(UsageError, match="max pooling is not linear"):
         _fused(w, EmbeddingChecks.of(w), torch.tensor([1, 2]), torch.tensor([0]), "max", None, None, False)
+
+
+@pytest.mark.parametrize("how", ["padding", "weights", "last", "all"])
+def test_protect_checks_bags_with_options_in_the_fused_kernel_without_leaving_the_device(monkeypatch, how):
+    """A protected EmbeddingBag with a padding index, per-sample weights or ``include_last_offset`` takes the
+    fused kernel (its verdict deferred, read back in a batch) rather than torch's lookup and a check that
+    leaves the padding out on the host (:func:`without_padding`, two host reads a call on CUDA); the output is
+    torch's to within its rounding, a flip of a looked-up row alarms in its bags and one of the padding row
+    nowhere. (CUDA dispatch pointed at the interpreter's CPU tensors, as in test_soft_errors_triton.)"""
+    import importlib
+
+    from mystique.validators.soft_errors.triton_abft import guard as fused_guard
+    from torch import nn
+
+    protect_mod = importlib.import_module("mystique.validators.soft_errors.protect")
+    monkeypatch.setattr(protect_mod, "fused_installable", lambda: True)
+    monkeypatch.setattr(fused_guard, "cuda_wanted", triton_abft.wanted)
+    monkeypatch.setattr(protect_mod, "without_padding", lambda *a: pytest.fail("padding left out on the host"))
+    pad = 3 if how in ("padding", "all") else None
+    last = how in ("last", "all")
+    torch.manual_seed(0)
+    bag = nn.EmbeddingBag(30, 16, mode="sum", padding_idx=pad, include_last_offset=last)
+    idx = torch.tensor([3, 5, 7, 3, 9, 5, 11, 3, 2, 8, 4, 3])
+    off = torch.tensor([0, 4, 4, 9] + ([12] if last else []))
+    psw = torch.rand(12) if how in ("weights", "all") else None
+    with interpreted(), torch.no_grad():
+        want = bag(idx, off, psw)
+        guard = protect_mod.protect(bag)
+        out = bag(idx, off, psw)
+        assert len(guard.pending) == 1  # (deferred: the fused kernel ran, no verdict read yet)
+        assert guard.checks == 1 and not guard.alarms
+        torch.testing.assert_close(out, want)
+        w = bag.weight
+        w.data[pad if pad is not None else 0, 2] += 1000.0  # the padding row (or row 0, read by no bag)
+        bag(idx, off, psw)
+        assert not guard.alarms
+        w.data.view(torch.int32)[5, 2] ^= 1 << 29  # a soft error in a looked-up row (bags 0 and 2)
+        bag(idx, off, psw)
+        assert [a.module for a in guard.alarms] == [""] and guard.alarms[0].report.rows == [0, 2]
+        guard.remove()

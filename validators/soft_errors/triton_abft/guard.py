@@ -5,9 +5,10 @@ Where Triton is importable and CUDA is available (:func:`installable`), ``protec
 is the fused kernel's accumulator plus bias rounded once, which may differ in the last bit from cuBLAS's
 own) and each EmbeddingBag one that runs :func:`.bag.fused_embedding_bag`. Their verdicts stay on the
 device and are read back in batches (:meth:`..protect.Guard.defer`): no host synchronisation per call.
-Calls the kernels do not cover (autograd, per-sample weights, a padding index, max_norm, fp32 without
-TF32, which cuBLAS runs faster than a Triton FMA GEMM) take the module's own forward and the checks of
-:mod:`..abft.device_linear` / :mod:`..abft.bag_verdict` as before.
+An EmbeddingBag's padding index, per-sample weights and ``include_last_offset`` are options of its kernel.
+Calls the kernels do not cover (autograd, max_norm, fp32 without TF32, which cuBLAS runs faster than a
+Triton FMA GEMM) take the module's own forward and the checks of :mod:`..abft.device_linear` /
+:mod:`..abft.bag_verdict` as before.
 """
 
 from __future__ import annotations
@@ -64,19 +65,26 @@ def linear_forward(guard: Any, name: str, lam: float | None, state: dict[str, An
 def bag_call(mod: nn.Module, inputs: tuple[Any, ...], kwargs: dict[str, Any], checks_of: Any,
              lam: float | None) -> tuple[torch.Tensor, Any] | None:
     """The fused checked lookup ``(out, DeviceCheck)`` of a protected EmbeddingBag's call ``inputs``
-    (``(input, offsets, per_sample_weights)``), or None where it does not apply."""
+    (``(input, offsets, per_sample_weights)``), or None where it does not apply (max_norm: torch renormalises
+    the table in place; arguments torch refuses, which its own forward then reports). A padding index,
+    per-sample weights and ``include_last_offset`` are the kernel's options, read on the device: the call
+    makes no host synchronisation (a padding index left out on the host, :func:`..abft.embedding_bag.
+    without_padding`, would make two)."""
     from ..abft.bag_verdict import bags_args
     from .bag import fused_embedding_bag
 
     idx, off, psw = inputs
-    w = mod.weight
-    if set(kwargs) - {"input", "offsets"} or psw is not None or mod.padding_idx is not None or \
-            mod.max_norm is not None or mod.include_last_offset or mod.mode not in ("sum", "mean") or \
-            not isinstance(idx, torch.Tensor) or w.dtype not in (torch.float32, torch.bfloat16, torch.float16) or \
-            (idx.dim() == 2) == isinstance(off, torch.Tensor) or idx.dim() not in (1, 2) or \
-            not cuda_wanted(w, idx):
+    w, last = mod.weight, bool(mod.include_last_offset)
+    if set(kwargs) - {"input", "offsets", "per_sample_weights"} or mod.max_norm is not None or \
+            mod.mode not in ("sum", "mean") or not isinstance(idx, torch.Tensor) or \
+            w.dtype not in (torch.float32, torch.bfloat16, torch.float16) or \
+            (idx.dim() == 2) == isinstance(off, torch.Tensor) or idx.dim() not in (1, 2) or (last and idx.dim() != 1) or \
+            (psw is not None and (mod.mode != "sum" or not isinstance(psw, torch.Tensor) or psw.shape != idx.shape)) or \
+            not cuda_wanted(w, idx, *(() if psw is None else (psw,))):
         return None
-    idx, off = bags_args(idx, off)
+    if not last:  # (with the last offset the kernel reads the offsets as given: 1-D indices)
+        idx, off = bags_args(idx, off)
     if not cuda_wanted(off):
         return None
-    return fused_embedding_bag(w, checks_of(w), idx, off, mod.mode, lam=lam, op="embedding_bag")
+    return fused_embedding_bag(w, checks_of(w), idx, off, mod.mode, lam=lam, op="embedding_bag",
+                               per_sample_weights=psw, padding_idx=mod.padding_idx, include_last_offset=last)
