@@ -232,6 +232,10 @@ def test_micro_measures_gemm_memory_and_skips_transfers_on_the_host():
     assert all("calls undisturbed" in d for d in gemm["detail"])
     assert df.loc[df["check"] == "transfer_bandwidth", "status"].tolist() == ["skip"]
     assert all("95% interval [" in d for d in gemm["detail"])
+    # the throughput curve predict reads: each layout at the sweep's sizes up to the level's GEMM (128 here)
+    curve = df[(df["check"] == "gemm_curve") & (df["dtype"] == "float32") & (df["status"] == "info")]
+    assert {"gemm_64_nn", "gemm_64_nt", "gemm_64_tn", "gemm_128_nt", "gemm_128_tn"} <= set(curve["subject"])
+    assert (curve["value"] > 0).all()
 
 
 SUSTAINED = ["--group", "sustained", "--workloads", "dlrm", "--duration", "2"]

@@ -6,6 +6,12 @@ Work (FLOPs, multiply-add = 2): ``mm``/``addmm`` ``2mkn``; ``bmm``/``baddbmm`` `
 ``linear``/``matmul`` ``2 * (output elements) * k``; scaled dot-product attention forward ``4 B H L S D``
 (two GEMMs), its backward ``8 B H L S D``. Every other operator is counted by bytes alone (inputs read
 plus outputs written): the roofline of :mod:`.whatif` treats it as memory-bound.
+
+A GEMM's layout (:func:`gemm_layout`): ``n`` or ``t`` per operand of the product ``A @ B``, ``t`` when the
+operand is read column-major (its last stride 1 in the row dimension, not the column one). ``linear(x, W)``
+computes ``x @ W.T``, so a row-major weight is a ``t`` operand. A BLAS without a native kernel for a dtype
+(bf16 on a CPU without AVX512-BF16) runs the layouts at throughputs up to 15x apart, so the device profile
+samples each (:mod:`mystique.validators.performance.micro`) and :mod:`.whatif` reads the op's own.
 """
 
 from __future__ import annotations
@@ -59,6 +65,16 @@ def kernel_class(name: str) -> str:
 class TensorShape:
     shape: tuple[int, ...]
     dtype: str
+    strides: tuple[int, ...] | None = None
+
+    @property
+    def column_major(self) -> bool:
+        """Whether the last two dimensions are stored column-major (unit stride along the rows, not the
+        columns): a transposed view, which a GEMM reads as a ``t`` operand."""
+        if self.strides is None or len(self.shape) < 2:
+            return False
+        (r, c), (sr, sc) = self.shape[-2:], self.strides[-2:]
+        return sc != 1 and c > 1 and (sr == 1 or r == 1)
 
     @property
     def numel(self) -> int:
@@ -71,11 +87,13 @@ class TensorShape:
 
 @dataclass(frozen=True)
 class Work:
-    """An operator's work: FLOPs, bytes touched, the dtype of its first floating input ('' if none)."""
+    """An operator's work: FLOPs, bytes touched, the dtype of its first floating input ('' if none) and, for
+    a GEMM, its layout (``nn``, ``nt``, ``tn``, ``tt``; '' if not a GEMM)."""
 
     flops: float
     bytes: float
     dtype: str
+    layout: str = ""
 
 
 def _walk(value: Any, out: list[int]) -> None:
@@ -102,7 +120,9 @@ def _shape(t: dict[str, Any]) -> TensorShape | None:
     if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0
                                               for d in shape):
         return None
-    return TensorShape(tuple(shape), str(t.get("dtype", "")))
+    strides = t.get("strides")
+    ok = isinstance(strides, list) and len(strides) == len(shape) and all(isinstance(x, int) for x in strides)
+    return TensorShape(tuple(shape), str(t.get("dtype", "")), tuple(strides) if ok else None)
 
 
 def op_tensors(op: dict[str, Any], tensors: dict[int, dict[str, Any]]) -> tuple[list[TensorShape], list[TensorShape]]:
@@ -132,6 +152,20 @@ def _gemm_flops(base: str, ins: list[TensorShape], outs: list[TensorShape]) -> f
     return 2.0 * outs[0].numel * k
 
 
+def gemm_layout(base: str, ins: list[TensorShape]) -> str:
+    """The layout of a GEMM's product ``A @ B`` (see the module docstring): ``nn``, ``nt``, ``tn`` or ``tt``."""
+    mats = [t for t in ins if len(t.shape) >= 1 and t.dtype in FLOAT_DTYPES + ("int8",)]
+    if base in ("addmm", "baddbmm", "addbmm", "_addmm_activation") and len(mats) >= 3:
+        mats = mats[1:]
+    if len(mats) < 2:
+        return "nn"
+    a, b = mats[0], mats[1]
+    if base in ("linear", "mkldnn_linear"):  # x @ W.T: a row-major W is read transposed
+        wt = len(b.shape) >= 2 and not b.column_major
+        return ("t" if a.column_major else "n") + ("t" if wt else "n")
+    return ("t" if a.column_major else "n") + ("t" if b.column_major else "n")
+
+
 def _attention_flops(base: str, ins: list[TensorShape]) -> float:
     qkv = [t for t in ins if len(t.shape) == 4 and t.dtype in FLOAT_DTYPES]
     if len(qkv) < 3:
@@ -150,12 +184,12 @@ def op_work(op: dict[str, Any], tensors: dict[int, dict[str, Any]]) -> Work:
     dtype = next((t.dtype for t in ins if t.dtype in FLOAT_DTYPES), "")
     cls = op_class(name)
     base = name.split("::", 1)[-1].split(".", 1)[0]
-    flops = 0.0
+    flops, layout = 0.0, ""
     if cls == "gemm":
-        flops = _gemm_flops(base, ins, outs)
+        flops, layout = _gemm_flops(base, ins, outs), gemm_layout(base, ins)
     elif cls == "attention":
         flops = _attention_flops(base.lower(), ins)
-    return Work(flops, nbytes, dtype)
+    return Work(flops, nbytes, dtype, layout)
 
 
-__all__ = ["FLOAT_DTYPES", "TensorShape", "Work", "kernel_class", "op_class", "op_tensors", "op_work", "tensor_ids"]
+__all__ = ["FLOAT_DTYPES", "TensorShape", "Work", "gemm_layout", "kernel_class", "op_class", "op_tensors", "op_work", "tensor_ids"]

@@ -6,7 +6,15 @@ recorded time ``t`` is a fixed part ``o`` (dispatch and launch: the profile's ``
 10th percentile of the step's operator times, never more than ``t``) plus its work ``w = t - o``:
 
 - a GEMM or attention operator with known FLOPs keeps its fraction of the profile's GEMM throughput
-  for its dtype: ``w' = w * (F'/F) * (P_d / P'_d')`` (FLOPs ``F``, throughput ``P`` of the dtype);
+  for its dtype, layout and size: ``w' = w * (F'/F) * (P_d(F) / P'_d'(F'))`` (FLOPs ``F``, throughput
+  ``P`` of the dtype at that many FLOPs, for the op's layout, :func:`~.opmodel.gemm_layout`).
+  ``P(F)`` comes from the profile's GEMMs measured at several sizes (:meth:`Profile.tflops_at`): between
+  two sampled sizes ``F_i <= F <= F_j`` it is interpolated linearly in ``log P`` against ``log F``; i.e.
+  the time of a GEMM follows the power law ``t = t_i (F/F_i)^a`` through both points, which is exact
+  at the sampled sizes and covers both regimes (``a = 0``: a call bound by its fixed cost; ``a = 1``:
+  bound by the cores). Outside the sampled range ``P`` is clamped to the nearest end's. A profile with
+  one size per dtype has a constant ``P``: the ratio of the dtypes' throughputs, as before sizes were
+  sampled. An operator whose layout the profile has no curve for reads the ``nn`` curve;
 - any other operator is split into the time its bytes take at the profile's memory bandwidth (at most
   ``w``), which scales with its bytes and the bandwidth, and the rest (its per-element work), which
   scales with its element count: ``w' = b * (B'/B) * (BW/BW') + (w - b) * (N'/N)``. ``N`` counts the
@@ -24,15 +32,21 @@ a lower bound of the device time, with host and device overlapping as the simula
 The transforms change shapes and dtypes exactly as ``mystique generate`` does
 (:func:`mystique.replay.generate.retarget_dtype`, :func:`~mystique.replay.generate.rescale_batch`), so
 the prediction is of the benchmark that ``generate --dtype/--batch-scale`` writes. A profile comes from
-a ``mystique validate performance`` results.csv: ``gemm_throughput`` rows (TFLOP/s per dtype),
-``memory_bandwidth`` rows (GB/s, the best of them) and, where present, a ``launch_overhead`` row (us).
+a ``mystique validate performance`` results.csv: ``gemm_throughput`` rows (TFLOP/s per dtype at the
+size in their subject, ``gemm_N``: ``2N^3`` FLOPs, layout ``nn``), ``gemm_curve`` rows (the same at each
+size and layout, ``gemm_N_nt``), ``memory_bandwidth`` rows (GB/s, the best of them) and, where present, a
+``launch_overhead`` row (us). A point whose host was too busy (``*_disturbed``) serves only where no
+undisturbed one was measured at that size. A GEMM of a dtype the profile has no throughput for is refused
+in one line (:func:`check_dtypes`): no other dtype's throughput stands in for it.
 """
 
 from __future__ import annotations
 
+import bisect
 import copy
 import math
 import os
+import re
 import statistics
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -41,22 +55,65 @@ from ..errors import UsageError
 from ..io import show
 from .graph import OpTiming, Step
 from .kernels import Kernel
-from .opmodel import Work, op_tensors, op_work
+from .opmodel import FLOAT_DTYPES, Work, op_tensors, op_work
 from .sim import CLASSES
+
+#: a GEMM row's subject: ``gemm_N`` (layout ``nn``) or ``gemm_N_LAYOUT``
+_GEMM_SUBJECT = re.compile(r"^gemm_(\d+)(?:_([nt]{2}))?$")
+
+
+def interpolate(points: tuple[tuple[float, float], ...], flops: float) -> float:
+    """The throughput at ``flops`` on a curve of ``(flops, throughput)`` points sorted by FLOPs: log-linear
+    in log FLOPs between the two points around it, the nearest end's outside them (module docstring)."""
+    xs = [f for f, _ in points]
+    if flops <= xs[0] or len(points) == 1:
+        return points[0][1]
+    if flops >= xs[-1]:
+        return points[-1][1]
+    j = bisect.bisect_right(xs, flops)
+    (f0, p0), (f1, p1) = points[j - 1], points[j]
+    x = (math.log(flops) - math.log(f0)) / (math.log(f1) - math.log(f0))
+    return math.exp((1 - x) * math.log(p0) + x * math.log(p1))
 
 
 @dataclass(frozen=True)
 class Profile:
-    """A device's throughput: GEMM TFLOP/s per dtype, memory GB/s, per-operator launch overhead (us)."""
+    """A device's throughput: GEMM TFLOP/s per dtype (the best measured), memory GB/s, per-operator launch
+    overhead (us), and the GEMM throughput curves: ``(dtype, layout)`` -> ``(FLOPs, TFLOP/s)`` points sorted
+    by FLOPs (:meth:`tflops_at`); ``source``: the results.csv it was read from."""
 
     name: str
     gemm_tflops: dict[str, float] = field(default_factory=dict)
     mem_gbps: float | None = None
     launch_us: float | None = None
+    gemm_curves: dict[tuple[str, str], tuple[tuple[float, float], ...]] = field(default_factory=dict)
+    source: str = ""
 
     def peak(self, dtype: str) -> float | None:
         v = self.gemm_tflops.get(dtype) or self.gemm_tflops.get("float32")
         return v if v and v > 0 else None
+
+    def has_dtype(self, dtype: str) -> bool:
+        return bool(self.gemm_tflops.get(dtype)) or any(d == dtype for d, _ in self.gemm_curves)
+
+    def tflops_at(self, dtype: str, layout: str, flops: float) -> float | None:
+        """The GEMM throughput of ``dtype`` for an operator of ``flops`` FLOPs and ``layout`` (``nn`` when the
+        profile has no curve of that layout): :func:`interpolate` on the sampled curve, the dtype's one figure
+        when it has no curve, None when the profile has neither."""
+        pts = self.gemm_curves.get((dtype, layout or "nn")) or self.gemm_curves.get((dtype, "nn"))
+        if not pts:
+            pts = next((c for (d, _), c in sorted(self.gemm_curves.items()) if d == dtype), None)
+        if pts:
+            return interpolate(pts, flops)
+        v = self.gemm_tflops.get(dtype)
+        return v if v and v > 0 else None
+
+
+def _curves(points: dict[tuple[str, str, float], tuple[bool, float]]) -> dict[tuple[str, str], tuple[tuple[float, float], ...]]:
+    out: dict[tuple[str, str], list[tuple[float, float]]] = {}
+    for (dtype, layout, flops), (_, v) in points.items():
+        out.setdefault((dtype, layout), []).append((flops, v))
+    return {k: tuple(sorted(v)) for k, v in out.items()}
 
 
 def read_profile(path: str | os.PathLike) -> Profile:
@@ -73,6 +130,7 @@ def read_profile(path: str | os.PathLike) -> Profile:
     except (ValueError, KeyError, OSError) as exc:
         raise UsageError(f"{show(p)}: not a results.csv: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from exc
     gemm: dict[str, float] = {}
+    points: dict[tuple[str, str, float], tuple[bool, float]] = {}  # (dtype, layout, FLOPs) -> (undisturbed, TFLOP/s)
     mem: list[float] = []
     launch = None
     name = ""
@@ -80,17 +138,40 @@ def read_profile(path: str | os.PathLike) -> Profile:
         v = r.value
         if not (isinstance(v, float) and math.isfinite(v) and v > 0):
             continue
-        if r.check == "gemm_throughput" and r.metric == "tflops" and r.dtype:
-            gemm[str(r.dtype)] = max(gemm.get(str(r.dtype), 0.0), float(v))
+        check = str(r.check)
+        clean = not check.endswith("_disturbed")
+        check = check.removesuffix("_disturbed")
+        if check in ("gemm_throughput", "gemm_curve") and r.metric == "tflops" and r.dtype:
+            if check == "gemm_throughput" and clean:
+                gemm[str(r.dtype)] = max(gemm.get(str(r.dtype), 0.0), float(v))
             name = name or str(r.device_name)
-        elif r.check == "memory_bandwidth" and r.metric == "gbps":
+            m = _GEMM_SUBJECT.match(str(r.subject))
+            if m:
+                key = (str(r.dtype), m[2] or "nn", 2.0 * int(m[1]) ** 3)
+                if (clean, float(v)) > points.get(key, (False, 0.0)):  # undisturbed first, then the best
+                    points[key] = (clean, float(v))
+        elif check == "memory_bandwidth" and r.metric == "gbps" and clean:
             mem.append(float(v))
-        elif r.check == "launch_overhead" and r.unit == "us":
+        elif check == "launch_overhead" and r.unit == "us" and clean:
             launch = float(v)
-    if not gemm and not mem:
+    if not gemm and not mem and not points:
         raise UsageError(f"{show(p)}: no gemm_throughput or memory_bandwidth rows: not a `mystique validate "
                          "performance` run (its micro group writes them)")
-    return Profile(name or show(p), gemm, max(mem) if mem else None, launch)
+    return Profile(name or show(p), gemm, max(mem) if mem else None, launch, _curves(points), show(p))
+
+
+def check_dtypes(pairs: list[tuple[Work, Work]], base: Profile | None, target: Profile | None) -> None:
+    """UsageError, in one line, when a GEMM or attention operator's dtype (``w0``'s on ``base``, ``w1``'s on
+    ``target``) has no throughput in its profile: predicting it from another dtype's would be a guess."""
+    for prof, role, dtypes in ((base, "--profile", {w0.dtype for w0, _ in pairs}),
+                               (target, "the target profile", {w1.dtype or w0.dtype for w0, w1 in pairs})):
+        if prof is None:
+            continue
+        missing = sorted(d for d in dtypes if d in FLOAT_DTYPES and not prof.has_dtype(d))
+        if missing:
+            raise UsageError(f"{role} {prof.source or prof.name}: no GEMM throughput for {', '.join(missing)} (no "
+                             "gemm_throughput or gemm_curve row of that dtype), which the step's GEMMs need: measure "
+                             "it with `mystique validate performance` on that device")
 
 
 def parse_factors(spec: str | None) -> dict[str, float]:
@@ -173,8 +254,11 @@ def op_time(t: float, o: float, cls: str, w0: Work, w1: Work, n0: int, n1: int, 
     work = t - fixed
     if cls in ("gemm", "attention") and w0.flops > 0:
         speed = 1.0
-        if p0 is not None and p1 is not None and p0.peak(w0.dtype) and p1.peak(w1.dtype or w0.dtype):
-            speed = p0.peak(w0.dtype) / p1.peak(w1.dtype or w0.dtype)
+        if p0 is not None and p1 is not None:
+            before = p0.tflops_at(w0.dtype, w0.layout, w0.flops)
+            after = p1.tflops_at(w1.dtype or w0.dtype, w1.layout or w0.layout, w1.flops)
+            if before and after:
+                speed = before / after
         return fixed + work * (w1.flops / w0.flops) * speed
     bw_part = 0.0
     if p0 is not None and p0.mem_gbps and w0.bytes > 0:
@@ -188,8 +272,9 @@ def op_time(t: float, o: float, cls: str, w0: Work, w1: Work, n0: int, n1: int, 
 
 def roofline_us(cls: str, w: Work, p: Profile) -> float:
     """An operator's time on a device at its profile's measured throughput: its FLOPs at the GEMM
-    throughput of its dtype (GEMM and attention) or its bytes at the memory bandwidth, the larger."""
-    compute = w.flops / (p.peak(w.dtype) * 1e12) * 1e6 if cls in ("gemm", "attention") and w.flops and p.peak(w.dtype) else 0.0
+    throughput of its dtype, layout and size (GEMM and attention; :meth:`Profile.tflops_at`) or its bytes at the memory bandwidth, the larger."""
+    tflops = p.tflops_at(w.dtype, w.layout, w.flops) or p.peak(w.dtype) if cls in ("gemm", "attention") and w.flops else None
+    compute = w.flops / (tflops * 1e12) * 1e6 if tflops else 0.0
     memory = w.bytes / (p.mem_gbps * 1e9) * 1e6 if p.mem_gbps and w.bytes else 0.0
     return max(compute, memory)
 
@@ -218,8 +303,10 @@ def apply_model(step: Step, new_plan, base: Profile | None, target: Profile | No
     new = copy.copy(step)
     ops = []
     to_device = target is not None and target is not base and not step.on_device
-    for ot, op0, op1 in zip(step.ops, step.plan.ops, new_plan.ops):
-        w0, w1 = op_work(op0, t0), op_work(op1, t1)
+    works = [(op_work(op0, t0), op_work(op1, t1)) for op0, op1 in zip(step.plan.ops, new_plan.ops)]
+    check_dtypes([w for ot, w in zip(step.ops, works) if ot.cls in ("gemm", "attention") and w[0].flops > 0],
+                 base, target)
+    for ot, op0, op1, (w0, w1) in zip(step.ops, step.plan.ops, new_plan.ops, works):
         n0, n1 = _numel(op0, t0), _numel(op1, t1)
         if to_device:  # a host-only step onto a device: the host dispatches, the device runs the roofline
             host = min(o, ot.host_us) if target.launch_us is None else target.launch_us
@@ -239,6 +326,14 @@ def describe(profile: Profile | None) -> str:
     if profile is None:
         return "no profile"
     g = ", ".join(f"{d} {v:.3g} TFLOP/s" for d, v in sorted(profile.gemm_tflops.items()))
+    n = {}
+    for (d, _), pts in profile.gemm_curves.items():
+        n[d] = n.get(d, 0) + len(pts)
+    if any(k > 1 for k in n.values()):
+        lo_hi = {d: [v for (dd, _), pts in profile.gemm_curves.items() if dd == d for _, v in pts] for d in n}
+        g = ", ".join(f"{d} {min(v):.3g}-{max(v):.3g} TFLOP/s at {n[d]} sizes and layouts" for d, v in sorted(lo_hi.items()))
+        g += (" (a GEMM's throughput interpolated log-log in its FLOPs between the sizes of its dtype and layout, "
+              "clamped at the ends)")
     return (f"{profile.name}: GEMM {g or 'unknown'}; memory {profile.mem_gbps:.3g} GB/s" if profile.mem_gbps
             else f"{profile.name}: GEMM {g or 'unknown'}") + (f"; launch {profile.launch_us:.3g} us"
                                                               if profile.launch_us is not None else "")
@@ -249,5 +344,5 @@ def median_op_us(step: Step) -> float:
     return statistics.median(xs) if xs else 0.0
 
 
-__all__ = ["Profile", "apply_model", "roofline_us", "describe", "fixed_us", "op_time", "parse_factors", "read_profile",
+__all__ = ["Profile", "apply_model", "check_dtypes", "interpolate", "roofline_us", "describe", "fixed_us", "op_time", "parse_factors", "read_profile",
            "scale_classes", "transformed_plan"]

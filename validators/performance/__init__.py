@@ -59,7 +59,10 @@ DEFAULT_GROUPS: tuple[str, ...] = ("micro", "sustained", "fleet")
 QUALIFICATION_GROUPS: tuple[str, ...] = ("mode",)
 _COMMON = {"min_reps": 7, "drift_tolerance": 0.10, "mode_margin": 0.05, "paired_share": 0.5, "warmup_steps": 3,
            "gemm_n_cpu": 1024, "gemm_n_cuda": 8192, "mem_bytes_cpu": 64 << 20, "mem_bytes_cuda": 1 << 30,
-           "transfer_bytes": 256 << 20, "mode_budget_s": 6.0}
+           "transfer_bytes": 256 << 20, "mode_budget_s": 6.0,
+           # gemm_curve sizes (micro.run_gemm_curve): the equivalent cube sizes (F/2)^(1/3) of the small reference
+           # captures' GEMMs span 100-1024 (2 MFLOP to 2.1 GFLOP)
+           "gemm_sizes_cpu": (64, 128, 256, 512, 1024), "gemm_sizes_cuda": (256, 512, 1024, 2048, 4096, 8192)}
 LEVELS: dict[str, dict[str, Any]] = {
     "quick": {**_COMMON, "duration": 60.0, "config": "small", "mode": "infer", "micro_budget_s": 1.0},
     "full": {**_COMMON, "duration": 600.0, "config": "small", "mode": "train", "micro_budget_s": 5.0,

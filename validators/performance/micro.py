@@ -1,5 +1,7 @@
 """Device micro-checks (group ``micro``): GEMM throughput per dtype, memory bandwidth (copy and
-triad), host<->device transfers (pinned and pageable) on accelerators.
+triad), host<->device transfers (pinned and pageable) on accelerators; and, per tensor dtype, GEMM
+throughput across sizes and layouts (``gemm_curve`` rows, :func:`run_gemm_curve`), which
+``mystique predict`` reads as the device profile's throughput curve.
 
 Each figure is timed in repeated calls under ``target.active()`` (the device synchronised around
 each call) for the level's time budget, and on until ``min_reps`` calls were undisturbed by the host
@@ -23,6 +25,7 @@ from typing import Any
 
 import torch
 
+from . import timed as _timed
 from ._ctx import Measured, PerformanceContext
 from .clocks import ClockSampler, describe
 from .nominal import lookup
@@ -63,6 +66,16 @@ def _gemm_fn(label: str, dtype: torch.dtype, n: int, device: torch.device, seed:
     return lambda: torch.mm(a, b)
 
 
+def _layout_gemm(dtype: torch.dtype, n: int, layout: str, device: torch.device, seed: int) -> Callable[[], Any]:
+    """``A @ B`` of ``n x n`` operands, each read row-major (``n``) or as a transposed view (``t``), as
+    :func:`mystique.predict.opmodel.gemm_layout` names an operator's layout."""
+    g = torch.Generator().manual_seed(seed)
+    a, b = (torch.randn(n, n, generator=g).to(device=device, dtype=dtype) for _ in range(2))
+    a = a.t() if layout[0] == "t" else a
+    b = b.t() if layout[1] == "t" else b
+    return lambda: torch.mm(a, b)
+
+
 def _sized_gemm(label: str, dtype: torch.dtype, n: int, device: torch.device, seed: int, per_call_s: float,
                 target: Any) -> tuple[int, Callable[[], Any]]:
     """The GEMM of size ``n``, halved (down to 128) while one call takes longer than ``per_call_s``: a
@@ -99,6 +112,59 @@ def run_gemm(ctx: PerformanceContext) -> None:
                      f"{len(calls.seconds)} timed {k}x{k}x{k} GEMMs (2n^3 flop each)"
                      + ("; TF32 allowed" if tf32 else ""),
                      nominal.tflops.get(label) if nominal else None, nominal.source if nominal else "", clocks)
+        if label in CURVE_DTYPES and not tf32:
+            run_gemm_curve(ctx, label, dtype, n, k)
+
+
+#: the dtypes of the size sweep: those a tensor can have (a plan's GEMMs are fp32, bf16 or fp16; TF32 is a
+#: mode of fp32 and fp8 GEMMs are scaled products with a layout of their own)
+CURVE_DTYPES = ("float32", "bfloat16", "float16")
+#: the layouts sampled: ``x @ W.T`` (``nt``, linear's forward), ``dY @ W`` (``nn``, its input gradient) and
+#: ``dY.T @ x`` (``tn``, its weight gradient); ``tt`` is rare and read as ``nn``
+CURVE_LAYOUTS = ("nn", "nt", "tn")
+
+
+def run_gemm_curve(ctx: PerformanceContext, label: str, dtype: torch.dtype, n_level: int, n_main: int) -> None:
+    """``gemm_curve`` rows: the GEMM throughput of ``label`` at each of the level's sweep sizes up to its GEMM
+    size ``n_level``, but for ``nn`` at ``n_main``, the size the ``gemm_throughput`` row measured. Throughput varies with size (small GEMMs are bound by the call's fixed cost, large ones
+    by the cores) and, where the dtype has no native kernel, with layout; predict interpolates between these
+    points (:meth:`mystique.predict.whatif.Profile.tflops_at`). Each point is timed for ``micro_budget_s / 4``
+    and on until ``min_reps`` calls were undisturbed; a size one call of which would exceed that budget over
+    ``min_reps`` (its time predicted from the size below it at constant throughput, else measured) is a
+    ``skip`` row, as are the larger sizes after it: predict clamps at the largest sampled size."""
+    s, target = ctx.settings, ctx.target
+    device = target.torch_device
+    sizes = s["gemm_sizes_cuda"] if device.type != "cpu" else s["gemm_sizes_cpu"]
+    budget = s["micro_budget_s"] / 4
+    per_call = budget / s["min_reps"]
+    for layout in CURVE_LAYOUTS:
+        prev: tuple[int, float] | None = None  # (n, seconds of one call)
+        for n in sorted(k for k in sizes if k <= n_level and (layout != "nn" or k != n_main)):
+            subject = f"gemm_{n}_{layout}"
+            guess = prev[1] * (n / prev[0]) ** 3 if prev is not None else 0.0
+            one = guess
+            if guess <= per_call:
+                fn = _layout_gemm(dtype, n, layout, device, ctx.seed)
+                fn()
+                target.synchronize()
+                t0 = _timed.clock()
+                fn()
+                target.synchronize()
+                one = _timed.clock() - t0
+            if one > per_call:
+                ctx.res.add("gemm_curve", subject, "tflops", None, status="skip", dtype=label,
+                            detail=f"one {n}x{n}x{n} {layout} {label} GEMM takes about {one:.3g} s, over the sweep's "
+                                   f"{per_call:.3g} s per call ({budget:g} s for {s['min_reps']} calls); predict "
+                                   "clamps at the largest size sampled")
+                break
+            ctx.progress.note(f"GEMM curve {label} {n}x{n}x{n} {layout} on {target.label}")
+            calls = timed_calls(fn, target, seconds=budget, min_undisturbed=s["min_reps"], min_calls=s["min_reps"])
+            prev = (n, statistics.median(calls.chosen))
+            _record_rate(ctx, "gemm_curve", subject, label, "tflops", "TFLOP/s", calls, 2.0 * n**3 / 1e12,
+                         f"{len(calls.seconds)} timed {n}x{n}x{n} GEMMs, layout {layout} (A@B with "
+                         f"{'A transposed' if layout[0] == 't' else 'A row-major'}, "
+                         f"{'B transposed' if layout[1] == 't' else 'B row-major'}; 2n^3 flop each); a point of the "
+                         "throughput curve predict interpolates", None, "", record=False)
 
 
 def _calls(fn: Callable[[], Any], target: Any, s: dict[str, Any], clocks: bool = True) -> tuple[Calls, str]:
@@ -117,16 +183,20 @@ def _calls(fn: Callable[[], Any], target: Any, s: dict[str, Any], clocks: bool =
 
 
 def _record_rate(ctx: PerformanceContext, check: str, subject: str, dtype: str, metric: str, unit: str,
-                 calls: Calls, work: float, how: str, peak: float | None, source: str, clocks: str = "") -> None:
+                 calls: Calls, work: float, how: str, peak: float | None, source: str, clocks: str = "",
+                 record: bool = True) -> None:
     """The median rate (``work`` per second) of the undisturbed calls (all calls, as
-    ``<check>_disturbed``, when too few were); ``clocks`` the clock evidence of the calls, if any."""
+    ``<check>_disturbed``, when too few were); ``clocks`` the clock evidence of the calls, if any;
+    ``record`` False: a figure the fleet does not compare."""
     rates = [work / t if t > 0 else float("nan") for t in calls.chosen]
     med = statistics.median(rates)
     lo, hi = batch_interval(rates, statistics.median)
     m = Measured(med, lo, hi, True, unit)
     detail = f"{how}; median of the rates; {calls.describe()}" + (f"; {clocks}" if clocks else "")
-    if calls.enough:
+    if calls.enough and record:
         ctx.record(check, subject, dtype, metric, m, detail)
+    elif calls.enough:
+        ctx.record_only(check, subject, dtype, metric, m, detail)
     else:  # the host was too busy: a figure, not compared with the fleet
         ctx.record_only(f"{check}_disturbed", subject, dtype, metric, m, detail)
     if peak:
