@@ -133,6 +133,14 @@ def test_without_fp64_the_floor_alone_judges():
     ("aten::_softmax.default", [torch.zeros(10, 30)], (10, 30), 30),
     ("aten::embedding_dense_backward.default", [torch.zeros(40, 8), torch.zeros(40, dtype=torch.long)],
      (100, 8), 40),
+    # a mixture of experts' grouped GEMMs: the contracted dimension, not the weights' numel / the output's (8)
+    ("aten::_grouped_mm.default", [torch.zeros(32, 64), torch.zeros(4, 64, 128),
+                                   torch.tensor([8, 16, 24, 32], dtype=torch.int32)], (32, 128), 64),
+    ("aten::_grouped_mm.default", [torch.zeros(32, 128), torch.zeros(4, 64, 128).transpose(-2, -1),
+                                   torch.tensor([8, 16, 24, 32], dtype=torch.int32)], (32, 64), 128),
+    # the weight gradient (K, T) @ (T, N): each expert's output sums its own group's tokens (the largest, 20)
+    ("aten::_grouped_mm.default", [torch.zeros(64, 32), torch.zeros(32, 128),
+                                   torch.tensor([20, 24, 30, 32], dtype=torch.int32)], (4, 64, 128), 20),
 ])
 def test_reduction_length_estimates(op, inputs, out_shape, k):
     assert tol.reduction_length(op, inputs, torch.zeros(out_shape)) == k

@@ -53,6 +53,7 @@ REFERENCE_FACTOR = 2.0
 _MATMUL_FIRST = frozenset({"mm", "bmm", "matmul", "mv", "linear", "_addmm_activation"})
 _MATMUL_SECOND = frozenset({"addmm", "baddbmm", "addbmm", "addmv"})
 _DOT = frozenset({"dot", "vdot", "inner"})
+_GROUPED = frozenset({"_grouped_mm", "grouped_mm"})
 _ROWWISE_MARKERS = ("softmax", "norm", "logsumexp", "cumsum", "cumprod", "cross_entropy", "nll_loss", "var", "std")
 
 
@@ -178,7 +179,10 @@ def reduction_length(op: str, inputs: Sequence[Any], output: torch.Tensor | None
     head dimension plus the key length; every op also counts ``max floating input numel /
     output numel`` (a reduction's terms per output); row-wise normalisations (softmax, norms,
     log-sum-exp, losses) count the last dimension of their first input, and index-driven
-    accumulations (embedding backward, index_put) the number of indices. Returns at least 1.
+    accumulations (embedding backward, index_put) the number of indices. A grouped GEMM
+    (``_grouped_mm``) counts its contracted dimension: ``mat_a``'s last, or, where the groups split
+    the contracted dimension (a weight gradient ``(K, T) @ (T, N)``), the largest group. Returns at
+    least 1.
     """
     name = op.split("::", 1)[-1].split(".", 1)[0]
     base = name[:-1] if name.endswith("_") and not name.endswith("__") else name
@@ -192,6 +196,8 @@ def reduction_length(op: str, inputs: Sequence[Any], output: torch.Tensor | None
             k = max(k, floats[0].shape[-1] if floats[0].dim() else 1)
         elif base in _MATMUL_SECOND and len(floats) >= 2:
             k = max(k, floats[1].shape[-1] if floats[1].dim() else 1)
+        elif base in _GROUPED and len(floats) >= 2:
+            k = max(k, _grouped_k(floats[0], floats[1], [t for t in tensors if not t.dtype.is_floating_point]))
         elif base in _DOT and floats:
             k = max(k, floats[0].numel())
         elif "convolution" in base or base.startswith("conv"):
@@ -211,6 +217,17 @@ def reduction_length(op: str, inputs: Sequence[Any], output: torch.Tensor | None
     except (IndexError, RuntimeError):
         pass
     return max(1, int(k))
+
+
+def _grouped_k(a: torch.Tensor, b: torch.Tensor, ints: list[torch.Tensor]) -> int:
+    """The terms each output of ``torch._grouped_mm(a, b, offs=...)`` sums: ``a``'s last dimension
+    ((T, K) @ (E, K, N), (E, M, K) @ (K, T), (E, M, K) @ (E, K, N)); with both operands 2-d the groups
+    split the contracted dimension T, and each output sums its own group's tokens: the largest group
+    from ``offs`` (cumulative ends; T when absent)."""
+    if a.dim() == 2 and b.dim() == 2 and ints and ints[0].numel():
+        ends = [0, *ints[0].reshape(-1).tolist()]
+        return max(1, *(e - s for s, e in zip(ends, ends[1:])))
+    return a.shape[-1] if a.dim() else 1
 
 
 @dataclass(frozen=True)
