@@ -160,7 +160,7 @@ def test_a_gemms_layout_follows_its_operands_strides(name, a, b, layout):
 def test_the_sweep_measures_each_size_and_layout_and_skips_what_would_exceed_its_budget(fake_clock, monkeypatch):
     """A GEMM that "takes" 1e-9 n^3 s on the fake clock: at 1 s per point over 4 calls (0.25 s a call)
     the sizes 64..512 fit (0.13 s at 512); 1024 (1.07 s) is predicted from 512 and skipped unrun."""
-    from mystique.validators.performance import LEVELS, PerformanceContext, micro
+    from mystique.validators.performance import LEVELS, PerformanceContext, curve
 
     from mystique.progress import Progress
     from mystique.targets import make_target
@@ -173,13 +173,13 @@ def test_the_sweep_measures_each_size_and_layout_and_skips_what_would_exceed_its
             fake_clock.advance(1e-9 * n**3)
         return fn
 
-    monkeypatch.setattr(micro, "_layout_gemm", fake_gemm)
+    monkeypatch.setattr(curve, "_layout_gemm", fake_gemm)
     target = make_target("cpu")
     res = Results(RunContext.for_target(target), "performance")
     s = {**LEVELS["quick"], "micro_budget_s": 4.0, "min_reps": 4, "gemm_sizes_cpu": (64, 128, 256, 512, 1024)}
     ctx = PerformanceContext(target=target, res=res, seed=0, level="quick", progress=Progress("t"), settings=s,
                              device_name="cpu")
-    micro.run_gemm_curve(ctx, "float32", None, 1024, 1024)
+    curve.run_gemm_curve(ctx, "float32", None, 1024, 1024)
     df = res.frame()
     measured = df[df["status"] == "info"]
     assert set(zip(measured["subject"], measured["dtype"])) == {(f"gemm_{n}_{lay}", "float32") for n in (64, 128, 256, 512)
@@ -200,3 +200,41 @@ def test_a_profile_without_the_dtype_a_gemm_needs_is_refused_in_one_line(tmp_pat
         check_dtypes(pairs, p, p)
     assert "\n" not in str(e.value) and "r.csv" in str(e.value)
     check_dtypes([(pairs[0][0], pairs[0][0])], p, p)  # fp32 to fp32 needs only fp32
+
+
+# --- attention and batched GEMMs ----------------------------------------------------------------------
+
+
+def test_attention_reads_its_own_curves_and_the_gemms_where_the_profile_has_none(tmp_path):
+    """bf16 attention on a CPU without native bf16: its forward as fast as fp32's, its backward 6x slower,
+    its GEMMs 50x. The attention rows price it; an older profile without them prices it as a GEMM."""
+    rows = [("gemm_throughput", "gemm_256", "float32", 0.08), ("gemm_throughput", "gemm_256", "bfloat16", 0.0016)]
+    old = read_profile(_profile_csv(tmp_path / "old.csv", rows))
+    new = read_profile(_profile_csv(tmp_path / "new.csv", rows + [
+        ("attention_curve", "sdpa_fwd_b1h8l128d64", "float32", 0.05), ("attention_curve", "sdpa_fwd_b1h8l128d64", "bfloat16", 0.05),
+        ("attention_curve", "sdpa_bwd_b1h8l128d64", "float32", 0.03), ("attention_curve", "sdpa_bwd_b1h8l128d64", "bfloat16", 0.005)]))
+    assert new.gemm_curves[("bfloat16", "sdpa_bwd")] == ((8.0 * 8 * 128 * 128 * 64, 0.005),)
+    fwd32, fwd16 = Work(3.4e7, 0, "float32", "sdpa"), Work(3.4e7, 0, "bfloat16", "sdpa")
+    bwd32, bwd16 = Work(6.7e7, 0, "float32", "sdpa_bwd"), Work(6.7e7, 0, "bfloat16", "sdpa_bwd")
+    assert op_time(100.0, 0.0, "attention", fwd32, fwd16, 1, 1, new, new) == pytest.approx(100.0)
+    assert op_time(100.0, 0.0, "attention", bwd32, bwd16, 1, 1, new, new) == pytest.approx(600.0)
+    assert op_time(100.0, 0.0, "attention", bwd32, bwd16, 1, 1, old, old) == pytest.approx(5000.0)
+    # a backward without rows of its own reads the forward's
+    fwd_only = Profile("p", gemm_curves={("bfloat16", "sdpa"): ((1.0, 0.05),), ("bfloat16", "nn"): ((1.0, 0.001),)})
+    assert fwd_only.tflops_at("bfloat16", "sdpa_bwd", 1e9) == 0.05
+
+
+def test_a_batched_gemm_is_priced_at_the_size_of_one_product():
+    """dlrm's interaction bmm, 4096 products of 64x9x9 (10 kFLOP each, 42 MFLOP in all): its throughput is a
+    10 kFLOP GEMM's (the curve's small end), not a 42 MFLOP one's."""
+    op, tensors = _op("aten::bmm", ((4096, 64, 9), (576, 9, 1)), ((4096, 9, 9), (81, 9, 1)), ((4096, 64, 9), (576, 9, 1)))
+    w = op_work(op, tensors)
+    assert (w.products, w.flops) == (4096, 2.0 * 4096 * 64 * 9 * 9) and w.unit_flops == 2.0 * 64 * 9 * 9
+    p = Profile("p", gemm_curves={("float32", "nn"): ((1e3, 0.001), (2e4, 0.001), (1e8, 0.1))})
+    fast = Profile("q", gemm_curves={("float32", "nn"): ((1e3, 0.002), (2e4, 0.002), (1e8, 0.1))})
+    assert op_time(100.0, 0.0, "gemm", w, w, 1, 1, p, fast) == pytest.approx(50.0)  # the small end doubled
+    # read at its 42 MFLOP in all it would have been nearly unchanged
+    whole = Work(w.flops, 0, "float32", "nn")
+    assert op_time(100.0, 0.0, "gemm", whole, whole, 1, 1, p, fast) > 85.0
+    mm, t2 = _op("aten::mm", ((256, 64), (64, 1)), ((64, 9), (9, 1)), ((256, 9), (9, 1)))
+    assert op_work(mm, t2).products == 1

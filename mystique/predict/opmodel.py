@@ -12,6 +12,10 @@ operand is read column-major (its last stride 1 in the row dimension, not the co
 computes ``x @ W.T``, so a row-major weight is a ``t`` operand. A BLAS without a native kernel for a dtype
 (bf16 on a CPU without AVX512-BF16) runs the layouts at throughputs up to 15x apart, so the device profile
 samples each (:mod:`mystique.validators.performance.micro`) and :mod:`.whatif` reads the op's own.
+A batched GEMM (``bmm``, ``baddbmm``, a ``matmul`` of two batched operands) is ``products`` independent
+products of ``flops / products`` FLOPs each, run one after another, so its throughput is that of one
+product's size. An attention operator's "layout" is ``sdpa`` (forward) or ``sdpa_bwd`` (backward): its
+kernels are not the GEMM's, and the profile measures them apart.
 """
 
 from __future__ import annotations
@@ -88,12 +92,19 @@ class TensorShape:
 @dataclass(frozen=True)
 class Work:
     """An operator's work: FLOPs, bytes touched, the dtype of its first floating input ('' if none) and, for
-    a GEMM, its layout (``nn``, ``nt``, ``tn``, ``tt``; '' if not a GEMM)."""
+    a GEMM, its layout (``nn``, ``nt``, ``tn``, ``tt``; an attention operator's ``sdpa`` or ``sdpa_bwd``; ''
+    otherwise) and the independent products it is made of (a batched GEMM's batch; see the module docstring)."""
 
     flops: float
     bytes: float
     dtype: str
     layout: str = ""
+    products: int = 1
+
+    @property
+    def unit_flops(self) -> float:
+        """The FLOPs of one of its products: the size its throughput is read at."""
+        return self.flops / max(self.products, 1)
 
 
 def _walk(value: Any, out: list[int]) -> None:
@@ -184,12 +195,17 @@ def op_work(op: dict[str, Any], tensors: dict[int, dict[str, Any]]) -> Work:
     dtype = next((t.dtype for t in ins if t.dtype in FLOAT_DTYPES), "")
     cls = op_class(name)
     base = name.split("::", 1)[-1].split(".", 1)[0]
-    flops, layout = 0.0, ""
+    flops, layout, products = 0.0, "", 1
     if cls == "gemm":
         flops, layout = _gemm_flops(base, ins, outs), gemm_layout(base, ins)
+        mats = [t for t in ins if t.dtype in FLOAT_DTYPES + ("int8",)]
+        batched = base in ("bmm", "baddbmm") or (base == "matmul" and len(mats) >= 2 and min(len(m.shape) for m in mats[:2]) >= 3)
+        if batched and outs and len(outs[0].shape) >= 3:
+            products = math.prod(outs[0].shape[:-2]) or 1
     elif cls == "attention":
         flops = _attention_flops(base.lower(), ins)
-    return Work(flops, nbytes, dtype, layout)
+        layout = "sdpa_bwd" if "backward" in base.lower() else "sdpa"
+    return Work(flops, nbytes, dtype, layout, products)
 
 
 __all__ = ["FLOAT_DTYPES", "TensorShape", "Work", "gemm_layout", "kernel_class", "op_class", "op_tensors", "op_work", "tensor_ids"]

@@ -7,7 +7,8 @@ recorded time ``t`` is a fixed part ``o`` (dispatch and launch: the profile's ``
 
 - a GEMM or attention operator with known FLOPs keeps its fraction of the profile's GEMM throughput
   for its dtype, layout and size: ``w' = w * (F'/F) * (P_d(F) / P'_d'(F'))`` (FLOPs ``F``, throughput
-  ``P`` of the dtype at that many FLOPs, for the op's layout, :func:`~.opmodel.gemm_layout`).
+  ``P`` of the dtype at that many FLOPs, for the op's layout, :func:`~.opmodel.gemm_layout`; a batched
+  GEMM's ``F`` here is one product's, :attr:`~.opmodel.Work.unit_flops`).
   ``P(F)`` comes from the profile's GEMMs measured at several sizes (:meth:`Profile.tflops_at`): between
   two sampled sizes ``F_i <= F <= F_j`` it is interpolated linearly in ``log P`` against ``log F``; i.e.
   the time of a GEMM follows the power law ``t = t_i (F/F_i)^a`` through both points, which is exact
@@ -34,7 +35,8 @@ The transforms change shapes and dtypes exactly as ``mystique generate`` does
 the prediction is of the benchmark that ``generate --dtype/--batch-scale`` writes. A profile comes from
 a ``mystique validate performance`` results.csv: ``gemm_throughput`` rows (TFLOP/s per dtype at the
 size in their subject, ``gemm_N``: ``2N^3`` FLOPs, layout ``nn``), ``gemm_curve`` rows (the same at each
-size and layout, ``gemm_N_nt``), ``memory_bandwidth`` rows (GB/s, the best of them) and, where present, a
+size and layout, ``gemm_N_nt``), ``attention_curve`` rows (scaled dot-product attention forward and
+backward, TFLOP/s per dtype and size: an attention operator reads them, else the GEMM's), ``memory_bandwidth`` rows (GB/s, the best of them) and, where present, a
 ``launch_overhead`` row (us). A point whose host was too busy (``*_disturbed``) serves only where no
 undisturbed one was measured at that size. A GEMM of a dtype the profile has no throughput for is refused
 in one line (:func:`check_dtypes`): no other dtype's throughput stands in for it.
@@ -60,6 +62,10 @@ from .sim import CLASSES
 
 #: a GEMM row's subject: ``gemm_N`` (layout ``nn``) or ``gemm_N_LAYOUT``
 _GEMM_SUBJECT = re.compile(r"^gemm_(\d+)(?:_([nt]{2}))?$")
+#: an attention_curve row's subject: ``sdpa_fwd_bBhHlLdD`` (forward: 4BHL^2D FLOPs; backward 8BHL^2D)
+_SDPA_SUBJECT = re.compile(r"^sdpa_(fwd|bwd)_b(\d+)h(\d+)l(\d+)d(\d+)$")
+#: the curves a layout reads, in order
+_FALLBACK = {"sdpa_bwd": ("sdpa_bwd", "sdpa", "nn"), "sdpa": ("sdpa", "nn")}
 
 
 def interpolate(points: tuple[tuple[float, float], ...], flops: float) -> float:
@@ -98,9 +104,11 @@ class Profile:
 
     def tflops_at(self, dtype: str, layout: str, flops: float) -> float | None:
         """The GEMM throughput of ``dtype`` for an operator of ``flops`` FLOPs and ``layout`` (``nn`` when the
-        profile has no curve of that layout): :func:`interpolate` on the sampled curve, the dtype's one figure
-        when it has no curve, None when the profile has neither."""
-        pts = self.gemm_curves.get((dtype, layout or "nn")) or self.gemm_curves.get((dtype, "nn"))
+        profile has no curve of that layout; an attention backward reads the forward's curve, then ``nn``'s,
+        as a profile from before attention was measured did): :func:`interpolate` on the sampled curve, the
+        dtype's one figure when it has no curve, None when the profile has neither."""
+        pts = next((c for lay in _FALLBACK.get(layout or "nn", (layout, "nn")) if (c := self.gemm_curves.get((dtype, lay)))),
+                   None)
         if not pts:
             pts = next((c for (d, _), c in sorted(self.gemm_curves.items()) if d == dtype), None)
         if pts:
@@ -114,6 +122,11 @@ def _curves(points: dict[tuple[str, str, float], tuple[bool, float]]) -> dict[tu
     for (dtype, layout, flops), (_, v) in points.items():
         out.setdefault((dtype, layout), []).append((flops, v))
     return {k: tuple(sorted(v)) for k, v in out.items()}
+
+
+def _point(points: dict, key: tuple[str, str, float], clean: bool, v: float) -> None:
+    if (clean, v) > points.get(key, (False, 0.0)):  # undisturbed first, then the best
+        points[key] = (clean, v)
 
 
 def read_profile(path: str | os.PathLike) -> Profile:
@@ -147,9 +160,14 @@ def read_profile(path: str | os.PathLike) -> Profile:
             name = name or str(r.device_name)
             m = _GEMM_SUBJECT.match(str(r.subject))
             if m:
-                key = (str(r.dtype), m[2] or "nn", 2.0 * int(m[1]) ** 3)
-                if (clean, float(v)) > points.get(key, (False, 0.0)):  # undisturbed first, then the best
-                    points[key] = (clean, float(v))
+                _point(points, (str(r.dtype), m[2] or "nn", 2.0 * int(m[1]) ** 3), clean, float(v))
+        elif check == "attention_curve" and r.metric == "tflops" and r.dtype:
+            m = _SDPA_SUBJECT.match(str(r.subject))
+            if m:
+                b, h, n, d = (int(x) for x in m.groups()[1:])
+                fwd = m[1] == "fwd"
+                _point(points, (str(r.dtype), "sdpa" if fwd else "sdpa_bwd", (4.0 if fwd else 8.0) * b * h * n * n * d),
+                       clean, float(v))
         elif check == "memory_bandwidth" and r.metric == "gbps" and clean:
             mem.append(float(v))
         elif check == "launch_overhead" and r.unit == "us" and clean:
@@ -255,8 +273,8 @@ def op_time(t: float, o: float, cls: str, w0: Work, w1: Work, n0: int, n1: int, 
     if cls in ("gemm", "attention") and w0.flops > 0:
         speed = 1.0
         if p0 is not None and p1 is not None:
-            before = p0.tflops_at(w0.dtype, w0.layout, w0.flops)
-            after = p1.tflops_at(w1.dtype or w0.dtype, w1.layout or w0.layout, w1.flops)
+            before = p0.tflops_at(w0.dtype, w0.layout, w0.unit_flops)
+            after = p1.tflops_at(w1.dtype or w0.dtype, w1.layout or w0.layout, w1.unit_flops)
             if before and after:
                 speed = before / after
         return fixed + work * (w1.flops / w0.flops) * speed
@@ -273,7 +291,7 @@ def op_time(t: float, o: float, cls: str, w0: Work, w1: Work, n0: int, n1: int, 
 def roofline_us(cls: str, w: Work, p: Profile) -> float:
     """An operator's time on a device at its profile's measured throughput: its FLOPs at the GEMM
     throughput of its dtype, layout and size (GEMM and attention; :meth:`Profile.tflops_at`) or its bytes at the memory bandwidth, the larger."""
-    tflops = p.tflops_at(w.dtype, w.layout, w.flops) or p.peak(w.dtype) if cls in ("gemm", "attention") and w.flops else None
+    tflops = p.tflops_at(w.dtype, w.layout, w.unit_flops) or p.peak(w.dtype) if cls in ("gemm", "attention") and w.flops else None
     compute = w.flops / (tflops * 1e12) * 1e6 if tflops else 0.0
     memory = w.bytes / (p.mem_gbps * 1e9) * 1e6 if p.mem_gbps and w.bytes else 0.0
     return max(compute, memory)

@@ -62,7 +62,10 @@ _COMMON = {"min_reps": 7, "drift_tolerance": 0.10, "mode_margin": 0.05, "paired_
            "transfer_bytes": 256 << 20, "mode_budget_s": 6.0,
            # gemm_curve sizes (micro.run_gemm_curve): the equivalent cube sizes (F/2)^(1/3) of the small reference
            # captures' GEMMs span 100-1024 (2 MFLOP to 2.1 GFLOP)
-           "gemm_sizes_cpu": (64, 128, 256, 512, 1024), "gemm_sizes_cuda": (256, 512, 1024, 2048, 4096, 8192)}
+           "gemm_sizes_cpu": (64, 128, 256, 512, 1024), "gemm_sizes_cuda": (256, 512, 1024, 2048, 4096, 8192),
+           # attention_curve sequence lengths (B, H, D = 1, 8, 64): the reference captures' attention is 33 MFLOP
+           # (llama small: B 8, H 8, L 128, D 32), L = 128 here
+           "sdpa_lengths_cpu": (128, 256, 512), "sdpa_lengths_cuda": (512, 1024, 2048, 4096)}
 LEVELS: dict[str, dict[str, Any]] = {
     "quick": {**_COMMON, "duration": 60.0, "config": "small", "mode": "infer", "micro_budget_s": 1.0},
     "full": {**_COMMON, "duration": 600.0, "config": "small", "mode": "train", "micro_budget_s": 5.0,

@@ -1,7 +1,8 @@
 """Device micro-checks (group ``micro``): GEMM throughput per dtype, memory bandwidth (copy and
 triad), host<->device transfers (pinned and pageable) on accelerators; and, per tensor dtype, GEMM
-throughput across sizes and layouts (``gemm_curve`` rows, :func:`run_gemm_curve`), which
-``mystique predict`` reads as the device profile's throughput curve.
+throughput across sizes and layouts and attention's forward and backward across sizes
+(:mod:`.curve`: ``gemm_curve`` and ``attention_curve`` rows), which ``mystique predict`` reads as the
+device profile's throughput curves.
 
 Each figure is timed in repeated calls under ``target.active()`` (the device synchronised around
 each call) for the level's time budget, and on until ``min_reps`` calls were undisturbed by the host
@@ -25,9 +26,9 @@ from typing import Any
 
 import torch
 
-from . import timed as _timed
 from ._ctx import Measured, PerformanceContext
 from .clocks import ClockSampler, describe
+from .curve import CURVE_DTYPES, run_attention_curve, run_gemm_curve
 from .nominal import lookup
 from .stats import batch_interval
 from .timed import Calls, timed_calls
@@ -63,16 +64,6 @@ def _gemm_fn(label: str, dtype: torch.dtype, n: int, device: torch.device, seed:
         one = torch.ones((), device=device)
         return lambda: torch._scaled_mm(a8, b8, scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
     a, b = a.to(dtype), b.to(dtype)
-    return lambda: torch.mm(a, b)
-
-
-def _layout_gemm(dtype: torch.dtype, n: int, layout: str, device: torch.device, seed: int) -> Callable[[], Any]:
-    """``A @ B`` of ``n x n`` operands, each read row-major (``n``) or as a transposed view (``t``), as
-    :func:`mystique.predict.opmodel.gemm_layout` names an operator's layout."""
-    g = torch.Generator().manual_seed(seed)
-    a, b = (torch.randn(n, n, generator=g).to(device=device, dtype=dtype) for _ in range(2))
-    a = a.t() if layout[0] == "t" else a
-    b = b.t() if layout[1] == "t" else b
     return lambda: torch.mm(a, b)
 
 
@@ -114,57 +105,9 @@ def run_gemm(ctx: PerformanceContext) -> None:
                      nominal.tflops.get(label) if nominal else None, nominal.source if nominal else "", clocks)
         if label in CURVE_DTYPES and not tf32:
             run_gemm_curve(ctx, label, dtype, n, k)
-
-
-#: the dtypes of the size sweep: those a tensor can have (a plan's GEMMs are fp32, bf16 or fp16; TF32 is a
-#: mode of fp32 and fp8 GEMMs are scaled products with a layout of their own)
-CURVE_DTYPES = ("float32", "bfloat16", "float16")
-#: the layouts sampled: ``x @ W.T`` (``nt``, linear's forward), ``dY @ W`` (``nn``, its input gradient) and
-#: ``dY.T @ x`` (``tn``, its weight gradient); ``tt`` is rare and read as ``nn``
-CURVE_LAYOUTS = ("nn", "nt", "tn")
-
-
-def run_gemm_curve(ctx: PerformanceContext, label: str, dtype: torch.dtype, n_level: int, n_main: int) -> None:
-    """``gemm_curve`` rows: the GEMM throughput of ``label`` at each of the level's sweep sizes up to its GEMM
-    size ``n_level``, but for ``nn`` at ``n_main``, the size the ``gemm_throughput`` row measured. Throughput varies with size (small GEMMs are bound by the call's fixed cost, large ones
-    by the cores) and, where the dtype has no native kernel, with layout; predict interpolates between these
-    points (:meth:`mystique.predict.whatif.Profile.tflops_at`). Each point is timed for ``micro_budget_s / 4``
-    and on until ``min_reps`` calls were undisturbed; a size one call of which would exceed that budget over
-    ``min_reps`` (its time predicted from the size below it at constant throughput, else measured) is a
-    ``skip`` row, as are the larger sizes after it: predict clamps at the largest sampled size."""
-    s, target = ctx.settings, ctx.target
-    device = target.torch_device
-    sizes = s["gemm_sizes_cuda"] if device.type != "cpu" else s["gemm_sizes_cpu"]
-    budget = s["micro_budget_s"] / 4
-    per_call = budget / s["min_reps"]
-    for layout in CURVE_LAYOUTS:
-        prev: tuple[int, float] | None = None  # (n, seconds of one call)
-        for n in sorted(k for k in sizes if k <= n_level and (layout != "nn" or k != n_main)):
-            subject = f"gemm_{n}_{layout}"
-            guess = prev[1] * (n / prev[0]) ** 3 if prev is not None else 0.0
-            one = guess
-            if guess <= per_call:
-                fn = _layout_gemm(dtype, n, layout, device, ctx.seed)
-                fn()
-                target.synchronize()
-                t0 = _timed.clock()
-                fn()
-                target.synchronize()
-                one = _timed.clock() - t0
-            if one > per_call:
-                ctx.res.add("gemm_curve", subject, "tflops", None, status="skip", dtype=label,
-                            detail=f"one {n}x{n}x{n} {layout} {label} GEMM takes about {one:.3g} s, over the sweep's "
-                                   f"{per_call:.3g} s per call ({budget:g} s for {s['min_reps']} calls); predict "
-                                   "clamps at the largest size sampled")
-                break
-            ctx.progress.note(f"GEMM curve {label} {n}x{n}x{n} {layout} on {target.label}")
-            calls = timed_calls(fn, target, seconds=budget, min_undisturbed=s["min_reps"], min_calls=s["min_reps"])
-            prev = (n, statistics.median(calls.chosen))
-            _record_rate(ctx, "gemm_curve", subject, label, "tflops", "TFLOP/s", calls, 2.0 * n**3 / 1e12,
-                         f"{len(calls.seconds)} timed {n}x{n}x{n} GEMMs, layout {layout} (A@B with "
-                         f"{'A transposed' if layout[0] == 't' else 'A row-major'}, "
-                         f"{'B transposed' if layout[1] == 't' else 'B row-major'}; 2n^3 flop each); a point of the "
-                         "throughput curve predict interpolates", None, "", record=False)
+    for label, dtype, tf32 in _gemm_cases(device):
+        if label in CURVE_DTYPES and not tf32:
+            run_attention_curve(ctx, label, dtype)
 
 
 def _calls(fn: Callable[[], Any], target: Any, s: dict[str, Any], clocks: bool = True) -> tuple[Calls, str]:
