@@ -238,3 +238,19 @@ def test_a_batched_gemm_is_priced_at_the_size_of_one_product():
     assert op_time(100.0, 0.0, "gemm", whole, whole, 1, 1, p, fast) > 85.0
     mm, t2 = _op("aten::mm", ((256, 64), (64, 1)), ((64, 9), (9, 1)), ((256, 9), (9, 1)))
     assert op_work(mm, t2).products == 1
+
+
+def test_a_memory_bound_op_moves_its_bytes_at_its_dtypes_bandwidth(tmp_path):
+    """A triad at 20 GB/s in fp32 and 10 GB/s in bf16 (the same elements per second: each converted on a
+    device without bf16 arithmetic): an op whose 100 us are all bytes takes as long in bf16, half its bytes at
+    half the bandwidth. A profile without the bf16 triad predicts half, as before."""
+    res = Results(RunContext(device="cpu", device_name="Some CPU", torch_version="2"), "performance")
+    res.add("memory_bandwidth", "triad", "gbps", 20.0, status="info", unit="GB/s", dtype="float32")
+    res.add("memory_bandwidth", "triad", "gbps", 10.0, status="info", unit="GB/s", dtype="bfloat16")
+    write_csv(res.frame(), tmp_path / "r.csv")
+    p = read_profile(tmp_path / "r.csv")
+    assert (p.mem_gbps, p.bandwidth("bfloat16"), p.bandwidth("float16")) == (20.0, 10.0, 20.0)
+    w0, w1 = Work(0, 2e6, "float32"), Work(0, 1e6, "bfloat16")  # 2 MB at 20 GB/s: 100 us
+    assert op_time(100.0, 0.0, "memory", w0, w1, 10, 10, p, p) == pytest.approx(100.0)
+    old = Profile("p", mem_gbps=20.0)
+    assert op_time(100.0, 0.0, "memory", w0, w1, 10, 10, old, old) == pytest.approx(50.0)

@@ -18,7 +18,9 @@ recorded time ``t`` is a fixed part ``o`` (dispatch and launch: the profile's ``
   sampled. An operator whose layout the profile has no curve for reads the ``nn`` curve;
 - any other operator is split into the time its bytes take at the profile's memory bandwidth (at most
   ``w``), which scales with its bytes and the bandwidth, and the rest (its per-element work), which
-  scales with its element count: ``w' = b * (B'/B) * (BW/BW') + (w - b) * (N'/N)``. ``N`` counts the
+  scales with its element count: ``w' = b * (B'/B) * (BW/BW') + (w - b) * (N'/N)``, each bandwidth that of
+  the operator's dtype where the profile measured it (a triad of that dtype: without native arithmetic in a
+  dtype, its halved bytes need not take half the time), else the float32 one. ``N`` counts the
   elements the operator reads and writes, its inputs' and outputs' (a reduction's work is its input's,
   an embedding bag's backward its ids' and gradient rows' as well as the table-sized gradient it
   fills), except a lookup's table (``embedding``, ``embedding_bag``, ``index_select``), read only at
@@ -94,6 +96,12 @@ class Profile:
     launch_us: float | None = None
     gemm_curves: dict[tuple[str, str], tuple[tuple[float, float], ...]] = field(default_factory=dict)
     source: str = ""
+    mem_gbps_dtype: dict[str, float] = field(default_factory=dict)
+
+    def bandwidth(self, dtype: str) -> float | None:
+        """The memory bandwidth an operator of ``dtype`` moves its bytes at: that dtype's triad where the profile
+        measured one, else the (float32) best."""
+        return self.mem_gbps_dtype.get(dtype) or self.mem_gbps
 
     def peak(self, dtype: str) -> float | None:
         v = self.gemm_tflops.get(dtype) or self.gemm_tflops.get("float32")
@@ -145,6 +153,7 @@ def read_profile(path: str | os.PathLike) -> Profile:
     gemm: dict[str, float] = {}
     points: dict[tuple[str, str, float], tuple[bool, float]] = {}  # (dtype, layout, FLOPs) -> (undisturbed, TFLOP/s)
     mem: list[float] = []
+    by_dtype: dict[str, float] = {}
     launch = None
     name = ""
     for r in df.itertuples():
@@ -169,13 +178,19 @@ def read_profile(path: str | os.PathLike) -> Profile:
                 _point(points, (str(r.dtype), "sdpa" if fwd else "sdpa_bwd", (4.0 if fwd else 8.0) * b * h * n * n * d),
                        clean, float(v))
         elif check == "memory_bandwidth" and r.metric == "gbps" and clean:
-            mem.append(float(v))
+            if str(r.dtype or "float32") == "float32":
+                mem.append(float(v))
+            else:
+                by_dtype[str(r.dtype)] = max(by_dtype.get(str(r.dtype), 0.0), float(v))
         elif check == "launch_overhead" and r.unit == "us" and clean:
             launch = float(v)
     if not gemm and not mem and not points:
         raise UsageError(f"{show(p)}: no gemm_throughput or memory_bandwidth rows: not a `mystique validate "
                          "performance` run (its micro group writes them)")
-    return Profile(name or show(p), gemm, max(mem) if mem else None, launch, _curves(points), show(p))
+    best = max(mem) if mem else None
+    if best is not None:  # a dtype's triad at the float32 bandwidth or above it is the float32 figure's noise
+        by_dtype = {d: v for d, v in by_dtype.items() if v < best}
+    return Profile(name or show(p), gemm, best, launch, _curves(points), show(p), by_dtype)
 
 
 def check_dtypes(pairs: list[tuple[Work, Work]], base: Profile | None, target: Profile | None) -> None:
@@ -279,10 +294,12 @@ def op_time(t: float, o: float, cls: str, w0: Work, w1: Work, n0: int, n1: int, 
                 speed = before / after
         return fixed + work * (w1.flops / w0.flops) * speed
     bw_part = 0.0
-    if p0 is not None and p0.mem_gbps and w0.bytes > 0:
-        bw_part = min(work, w0.bytes / (p0.mem_gbps * 1e9) * 1e6)
-    bw_new = p1.mem_gbps if p1 is not None and p1.mem_gbps else (p0.mem_gbps if p0 is not None else None)
-    bw_ratio = (p0.mem_gbps / bw_new) if p0 is not None and p0.mem_gbps and bw_new else 1.0
+    bw_old = p0.bandwidth(w0.dtype) if p0 is not None else None
+    if bw_old and w0.bytes > 0:
+        bw_part = min(work, w0.bytes / (bw_old * 1e9) * 1e6)
+    d1 = w1.dtype or w0.dtype
+    bw_new = p1.bandwidth(d1) if p1 is not None and p1.mem_gbps else (p0.bandwidth(d1) if p0 is not None else None)
+    bw_ratio = (bw_old / bw_new) if bw_old and bw_new else 1.0
     byte_ratio = w1.bytes / w0.bytes if w0.bytes > 0 else 1.0
     elem_ratio = n1 / n0 if n0 > 0 else 1.0
     return fixed + bw_part * byte_ratio * bw_ratio + (work - bw_part) * elem_ratio

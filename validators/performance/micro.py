@@ -166,6 +166,36 @@ def run_memory(ctx: PerformanceContext) -> None:
         _record_rate(ctx, "memory_bandwidth", name, "float32", "gbps", "GB/s", calls, moved / 1e9,
                      f"{len(calls.seconds)} timed {name}s of {nbytes} B float32 arrays ({moved} B read+written each)",
                      nominal.memory_gbps if nominal else None, nominal.source if nominal else "", clocks)
+    run_memory_dtypes(ctx, n)
+
+
+def run_memory_dtypes(ctx: PerformanceContext, n: int) -> None:
+    """The triad's bandwidth in bf16 and fp16 (``memory_bandwidth`` rows of those dtypes, not compared by the
+    fleet): on a device without native arithmetic in a dtype its elementwise ops convert each element, so
+    halving the bytes need not halve the time, and predict's memory-bound model reads the bandwidth of the
+    operator's dtype (:func:`mystique.predict.whatif.op_time`). ``n`` elements as the fp32 triad, timed for a
+    quarter of the budget."""
+    s, target = ctx.settings, ctx.target
+    device = target.torch_device
+    for label, dtype in (("bfloat16", torch.bfloat16), ("float16", torch.float16)):
+        try:
+            a = torch.empty(n, device=device, dtype=dtype)
+            b, c = torch.rand(n, device=device).to(dtype), torch.rand(n, device=device).to(dtype)
+            def fn(a: torch.Tensor = a, b: torch.Tensor = b, c: torch.Tensor = c) -> torch.Tensor:
+                return torch.add(b, c, alpha=3.0, out=a)
+
+            fn()
+        except (RuntimeError, TypeError, NotImplementedError) as exc:
+            ctx.res.add("memory_bandwidth", "triad", "gbps", None, status="skip", dtype=label,
+                        detail=f"{label} triad does not run on {target.label}: {str(exc).splitlines()[0][:200]}")
+            continue
+        moved = 3 * n * a.element_size()
+        ctx.progress.note(f"memory triad of {label} arrays on {target.label}")
+        calls = timed_calls(fn, target, seconds=s["micro_budget_s"] / 4, min_undisturbed=s["min_reps"],
+                            min_calls=s["min_reps"])
+        _record_rate(ctx, "memory_bandwidth", "triad", label, "gbps", "GB/s", calls, moved / 1e9,
+                     f"{len(calls.seconds)} timed triads of {n} {label} elements ({moved} B read+written each); the "
+                     "bandwidth predict's memory-bound model reads for this dtype", None, "", record=False)
 
 
 def run_transfer(ctx: PerformanceContext) -> None:
