@@ -114,6 +114,11 @@ CONFIGS: dict[str, Llama4Config] = {
     "small": Llama4Config(dim=256, n_layers=4, n_heads=8, n_kv_heads=2, seq_len=128, batch_size=8, **_SMALL),
     "small-packed": Llama4Config(dim=256, n_layers=4, n_heads=8, n_kv_heads=2, seq_len=128, batch_size=8,
                                  docs=DocLengths("longtail", min_len=8, alpha=1.2), **_SMALL),
+    # small with Maverick's 128 routed experts, each a quarter of dim wide (fine-grained): uniform routing
+    # gives each expert 8 of the step's 1024 tokens, so which experts a routing activates moves the step
+    # (replay --against's routing-skew figures: a skewed routing skips the weights of the idle experts)
+    "small-128e": Llama4Config(dim=256, n_layers=4, n_heads=8, n_kv_heads=2, seq_len=128, batch_size=8,
+                               **{**_SMALL, "n_experts": 128, "expert_dim": 64}),
     "scout": Llama4Config(n_experts=16, moe_every=1),
     "maverick": Llama4Config(n_experts=128, moe_every=2),
 }
