@@ -199,14 +199,19 @@ def time_sites(ss: list[Site], device: str, *, sync: Callable[[], None] = lambda
 
     out = Paired()
     for _ in range(2):  # warm-up: the operands paged in, the kernels' first-call costs paid
-        one(0), one(1)
+        one(0)
+        one(1)
     t0 = clock()
     r = 0
     while True:
-        first = r % 4 in (0, 3)  # ABBA: candidate first in rounds 0 and 3 of every four
-        got = (one(0), one(1)) if first else tuple(reversed((one(1), one(0))))
-        out.candidate_s.append(got[0])
-        out.base_s.append(got[1])
+        if r % 4 in (0, 3):  # rounds AB, BA, BA, AB: the candidate first in half of them
+            c = one(0)
+            b = one(1)
+        else:
+            b = one(1)
+            c = one(0)
+        out.candidate_s.append(c)
+        out.base_s.append(b)
         r += 1
         if r >= min_rounds:
             d = out.differences()
