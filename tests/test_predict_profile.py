@@ -254,3 +254,13 @@ def test_a_memory_bound_op_moves_its_bytes_at_its_dtypes_bandwidth(tmp_path):
     assert op_time(100.0, 0.0, "memory", w0, w1, 10, 10, p, p) == pytest.approx(100.0)
     old = Profile("p", mem_gbps=20.0)
     assert op_time(100.0, 0.0, "memory", w0, w1, 10, 10, old, old) == pytest.approx(50.0)
+
+
+def test_the_report_charts_the_curves(tmp_path):
+    from mystique.reports.html import render_html
+    from mystique.results import read_csv
+
+    path = _profile_csv(tmp_path / "r.csv", [("gemm_curve", "gemm_64_tn", "bfloat16", 0.01),
+                                             ("attention_curve", "sdpa_bwd_b1h8l128d64", "bfloat16", 0.005)])
+    html = render_html(read_csv(path))
+    assert "gemm curve (TFLOP/s)" in html and "attention curve (TFLOP/s)" in html and "sdpa_bwd_b1h8l128d64" in html
