@@ -258,6 +258,7 @@ def test_a_memory_bound_op_moves_its_bytes_at_its_dtypes_bandwidth(tmp_path):
 
 def test_the_report_charts_the_curves(tmp_path):
     from mystique.reports.html import render_html
+
     from mystique.results import read_csv
 
     path = _profile_csv(tmp_path / "r.csv", [("gemm_curve", "gemm_64_tn", "bfloat16", 0.01),
