@@ -16,7 +16,6 @@ it, each target is captured first. ``--targets`` picks some of the 8 (default al
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shlex
 import subprocess
@@ -25,7 +24,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from predict_self import TARGETS, _git_commit, _load  # noqa: E402
+from predict_self import TARGETS, _load, write_run  # noqa: E402
 
 
 def _one_cpu() -> None:
@@ -70,16 +69,10 @@ def main(argv: list[str] | None = None) -> int:
             header = header or lines[0]
             rows += lines[1:]
     lines = (profile / "results.csv").read_text().splitlines() if (profile / "results.csv").is_file() else []
-    (ns.output / "results.csv").write_text("\n".join([header or (lines[0] if lines else ""), *rows, *lines[1:]]) + "\n")
-    meta = {"command": f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '')} PYTHONPATH=tests python "
-                       f"docs/predict_bf16.py {shlex.join(argv if argv is not None else sys.argv[1:])}: "
-                       f"{'taskset one CPU: ' if one else ''}mystique validate performance --device cpu --level quick "
-                       f"--group micro -o P; " + "; ".join(runs),
-            "commit": _git_commit(), "exit_code": worst, "wall_s": round(time.monotonic() - t0, 1),
-            "cpus": os.cpu_count(), "load_start": load_start, "load_end": _load()}
-    (ns.output / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
-    print(ns.output / "results.csv")
-    return 0
+    return write_run(ns.output, [header or (lines[0] if lines else ""), *rows, *lines[1:]],
+                     f"docs/predict_bf16.py {shlex.join(argv if argv is not None else sys.argv[1:])}: "
+                     f"{'taskset one CPU: ' if one else ''}mystique validate performance --device cpu --level quick "
+                     f"--group micro -o P; " + "; ".join(runs), worst, t0, load_start)
 
 
 if __name__ == "__main__":

@@ -55,15 +55,21 @@ def main(argv: list[str] | None = None) -> int:
         lines = (out / "results.csv").read_text().splitlines()
         header = header or lines[0]
         rows += lines[1:]
-    (ns.output / "results.csv").write_text("\n".join([header or "", *rows]) + "\n")
-    meta = {"command": f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '')} PYTHONPATH=tests python "
-                       f"docs/predict_self.py {shlex.join(argv if argv is not None else sys.argv[1:])} (for each of "
-                       f"the 8 targets: mystique capture TARGET --warmup {ns.warmup} --steps {ns.steps} -o CAP; "
-                       "mystique predict CAP -o OUT)",
+    return write_run(ns.output, [header or "", *rows],
+                     f"docs/predict_self.py {shlex.join(argv if argv is not None else sys.argv[1:])} (for each of "
+                     f"the 8 targets: mystique capture TARGET --warmup {ns.warmup} --steps {ns.steps} -o CAP; "
+                     "mystique predict CAP -o OUT)", worst, t0, load_start)
+
+
+def write_run(output: Path, lines: list[str], command: str, worst: int, t0: float, load_start: list[float]) -> int:
+    """Write ``output``'s results.csv (``lines``) and meta.json (``command`` run as ``OMP_NUM_THREADS=..
+    PYTHONPATH=tests python COMMAND``) for ``docs/figures.py keep``; print the results' path."""
+    (output / "results.csv").write_text("\n".join(lines) + "\n")
+    meta = {"command": f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '')} PYTHONPATH=tests python {command}",
             "commit": _git_commit(), "exit_code": worst, "wall_s": round(time.monotonic() - t0, 1),
             "cpus": os.cpu_count(), "load_start": load_start, "load_end": _load()}
-    (ns.output / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
-    print(ns.output / "results.csv")
+    (output / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
+    print(output / "results.csv")
     return 0
 
 
