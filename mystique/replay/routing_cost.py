@@ -82,11 +82,6 @@ class Prediction:
     sites: int = 0  # grouped GEMMs whose loads differ between the two plans (those timed)
     groups: int = 0  # expert groups whose load differs
 
-    @property
-    def uncertainty_s(self) -> float:
-        """The interval's farther end from the median (seconds)."""
-        return max(self.high_s - self.delta_s, self.delta_s - self.low_s)
-
     def ratio(self, base_s: float) -> tuple[float, float, float]:
         """The predicted candidate / base step ratio on a base step of ``base_s``, and its interval."""
         if not (base_s > 0 and math.isfinite(base_s)):

@@ -70,14 +70,16 @@ def _sdpa(dtype: torch.dtype, n: int, backward: bool, device: torch.device, seed
     return lambda: torch.autograd.grad(out, (q, k, v), grad, retain_graph=True)
 
 
-def _sweep(ctx: PerformanceContext, check: str, label: str, points: list[tuple[str, float, float, Callable[[], Callable[[], Any]], str]]) -> None:
-    """Time each ``(subject, size, flops, make, what)`` point in order of size (module docstring); ``make``
-    builds the call, ``size`` foresees the next call's time: FLOPs grow as ``size`` does."""
+def _sweep(ctx: PerformanceContext, check: str, label: str, points: list[tuple[str, float, Callable[[], Callable[[], Any]], str]]) -> None:
+    """Time each ``(subject, flops, make, what)`` point in order of size (module docstring); ``make`` builds
+    the call; the previous point's time per FLOP foresees the next call's."""
+    from .micro import _record_rate  # (micro imports this module)
+
     s, target = ctx.settings, ctx.target
     budget = s["micro_budget_s"] / 4
     per_call = budget / s["min_reps"]
     prev: tuple[float, float] | None = None  # (flops, seconds of one call)
-    for subject, _, flops, make, what in points:
+    for subject, flops, make, what in points:
         one = prev[1] * flops / prev[0] if prev is not None else 0.0
         if one <= per_call:  # the fastest of up to 3 calls: one the host preempted does not skip the size
             fn = make()
@@ -99,8 +101,6 @@ def _sweep(ctx: PerformanceContext, check: str, label: str, points: list[tuple[s
         ctx.progress.note(f"{check.replace('_', ' ')} {label} {subject} on {target.label}")
         calls = timed_calls(fn, target, seconds=budget, min_undisturbed=s["min_reps"], min_calls=s["min_reps"])
         prev = (flops, statistics.median(calls.chosen))
-        from .micro import _record_rate
-
         _record_rate(ctx, check, subject, label, "tflops", "TFLOP/s", calls, flops / 1e12,
                      f"{len(calls.seconds)} timed {what}; a point of the throughput curve predict interpolates",
                      None, "", record=False)
@@ -114,7 +114,7 @@ def run_gemm_curve(ctx: PerformanceContext, label: str, dtype: torch.dtype, n_le
     for layout in CURVE_LAYOUTS:
         ns = sorted(k for k in sizes if k <= n_level and (layout != "nn" or k != n_main))
         _sweep(ctx, "gemm_curve", label, [
-            (f"gemm_{n}_{layout}", n, 2.0 * n**3,
+            (f"gemm_{n}_{layout}", 2.0 * n**3,
              lambda n=n, layout=layout: _layout_gemm(dtype, n, layout, device, ctx.seed),
              f"{n}x{n}x{n} {label} GEMM, layout {layout} (A@B, A {'transposed' if layout[0] == 't' else 'row-major'}, "
              f"B {'transposed' if layout[1] == 't' else 'row-major'}; 2n^3 flop)") for n in ns])
@@ -129,7 +129,7 @@ def run_attention_curve(ctx: PerformanceContext, label: str, dtype: torch.dtype)
         name, k = ("bwd", 8.0) if bwd else ("fwd", 4.0)
         try:
             _sweep(ctx, "attention_curve", label, [
-                (f"sdpa_{name}_b{b}h{h}l{n}d{d}", n, k * b * h * n * n * d,
+                (f"sdpa_{name}_b{b}h{h}l{n}d{d}", k * b * h * n * n * d,
                  lambda n=n, bwd=bwd: _sdpa(dtype, n, bwd, device, ctx.seed),
                  f"{label} scaled dot-product attention {'backward' if bwd else 'forward'} of (B, H, L, D) = "
                  f"({b}, {h}, {n}, {d}) ({k:g} B H L^2 D flop)") for n in lengths])
