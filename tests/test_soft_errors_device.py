@@ -290,6 +290,36 @@ def test_protect_checks_embedding_bags_on_the_emulated_gpu_in_training():
     assert guard.checks == 3 and not guard.alarms
 
 
+
+@pytest.mark.parametrize("mode", ["sum", "mean", "weighted"])
+def test_protect_leaves_padding_out_on_the_emulated_gpu_in_training_without_a_host_read(monkeypatch, mode):
+    """In training (autograd: torch's lookup, then the hook's device verdict), a padding index is left out of
+    the reference by its own lookup over the row sums rather than on the host (:func:`without_padding`: two
+    host reads a call on CUDA); the verdicts stay deferred; clean steps never alarm; a flip of a looked-up row
+    alarms in exactly its bags and one of the padding row nowhere."""
+    monkeypatch.setattr(protect_mod, "without_padding", lambda *a: pytest.fail("padding left out on the host"))
+    torch.manual_seed(0)
+    pool = "sum" if mode == "weighted" else mode
+    model = nn.EmbeddingBag(30, 16, mode=pool, padding_idx=3)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    idx = torch.tensor([3, 5, 7, 3, 9, 5, 11, 3, 2, 8, 4, 3])
+    off = torch.tensor([0, 4, 4, 9])  # bags [3 5 7 3] [] [9 5 11 3 2] [8 4 3]
+    psw = torch.rand(12) + 0.5 if mode == "weighted" else None
+    with protect(model) as guard, CUDA.active():
+        for _ in range(3):
+            model(idx, off, psw).square().sum().backward()
+            opt.step()
+            opt.zero_grad()
+        assert len(guard.pending) == 3  # (deferred: no verdict read yet)
+        assert not guard.alarms and guard.checks == 3
+        model.weight.data[3] += 1000.0  # the padding row: read by no bag
+        model(idx, off, psw).sum().backward()
+        assert not guard.alarms
+        model.weight.data.view(torch.int32)[5, 2] ^= 1 << 29  # a soft error in a looked-up row (bags 0 and 2)
+        model(idx, off, psw).sum().backward()
+        assert [a.report.rows for a in guard.alarms] == [[0, 2]]
+    assert guard.unchecked == 0
+
 # ----------------------------------------------------------------------------- SDC screening: which repeat case
 
 class _ReorderedAtomics(torch.utils._python_dispatch.TorchDispatchMode):

@@ -317,13 +317,14 @@ def _call_args(args: tuple[Any, ...], kwargs: dict[str, Any], bag: bool) -> tupl
     return tuple(vals)
 
 
-def _lookup_args(mod: nn.Module, inputs: tuple[Any, ...], bag: bool
+def _lookup_args(mod: nn.Module, inputs: tuple[Any, ...], bag: bool, keep_padding: bool = False
                  ) -> tuple[Any, torch.Tensor | None, torch.Tensor | None, str] | None:
     """``(indices, offsets, per_sample_weights, mode)`` of an Embedding/EmbeddingBag call, or None when
     it cannot be checked. With a padding index the bags are those torch pools: the padding entries left out
-    (:func:`.abft.embedding_bag.without_padding`; 1-D indices then); None where torch's CPU lookup pools
-    indices past the last offset (a padding index with ``include_last_offset``: see checked_embedding_bag)
-    or where torch will refuse the arguments."""
+    (:func:`.abft.embedding_bag.without_padding`; 1-D indices then), or with ``keep_padding`` left in for a
+    verdict that leaves them out itself (:func:`.abft.bag_verdict.device_bag_output`'s ``padding_idx``: no
+    host read); None where torch's CPU lookup pools indices past the last offset (a padding index with
+    ``include_last_offset``: see checked_embedding_bag) or where torch will refuse the arguments."""
     indices = inputs[0]
     offsets = inputs[1] if len(inputs) > 1 and bag else None
     psw = inputs[2] if len(inputs) > 2 and bag else None
@@ -340,7 +341,8 @@ def _lookup_args(mod: nn.Module, inputs: tuple[Any, ...], bag: bool
     if pad is None:
         return indices, offsets, psw, mode
     idx, off = bags_args(indices, offsets)
-    return (*without_padding(idx, off, None if psw is None else psw.reshape(-1), pad), mode)
+    psw = None if psw is None else psw.reshape(-1)
+    return (idx, off, psw, mode) if keep_padding else (*without_padding(idx, off, psw, pad), mode)
 
 
 class _ProtectedForward:
@@ -527,15 +529,16 @@ def _embedding_hooks(guard: Guard, name: str, lam: float | None, bag: bool, exac
                 out2 = output.detach()
                 guard.record(name, kind, prepared[2].verdict(out2 if out2.dtype == torch.float32 else out2.float()))
                 return
-            largs = _lookup_args(mod, inputs, bag)
+            on_device = cuda_like(output) and not exact  # the verdict left on the device, read back in batches
+            largs = _lookup_args(mod, inputs, bag, keep_padding=on_device)
             if largs is None:
                 guard.unchecked += 1
                 return
             u_out = UNIT_ROUNDOFF[output.dtype] if output.dtype != torch.float32 else 0.0
-            if cuda_like(output) and not exact:  # the verdict left on the device, read back in batches
+            if on_device:
                 refuse_capture(output)
                 chk = device_bag_output(output.detach(), checks_of(w), *largs[:2], largs[3], largs[2], lam=lam,
-                                        u_out=u_out, op=kind)
+                                        u_out=u_out, op=kind, padding_idx=getattr(mod, "padding_idx", None))
                 if isinstance(chk, DeviceCheck):
                     guard.defer(name, kind, chk.watch(output))
                 else:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -75,18 +75,19 @@ _TINY32 = float(torch.finfo(torch.float32).tiny)
 
 
 def _pooled(col: torch.Tensor, idx: torch.Tensor, off: torch.Tensor | None, mode: str, n_bags: int,
-            psw: torch.Tensor | None) -> tuple[torch.Tensor, bool]:
+            psw: torch.Tensor | None, pad: int | None = None) -> tuple[torch.Tensor, bool]:
     """Per-bag pooling of a per-row column ``col`` (R x 1) over the lookup (a (bags,) tensor on the
     column's device) and whether it was summed in fp64 (True) or in fp32 (False).
 
     On the CPU the column is gathered with ``index_select`` (4 bytes per index, about half the cost
     of a second EmbeddingBag call) and the bags summed by a reshape in fp32 when they are uniform,
-    else in fp64 by ``np.add.reduceat``; elsewhere an EmbeddingBag over the column does both.
+    else in fp64 by ``np.add.reduceat``; elsewhere an EmbeddingBag over the column does both (``pad``: its
+    padding index, the entries equal to it left out as the lookup's own leaves them out).
     """
     if mode == "none":
         return col[:, 0].index_select(0, idx.reshape(-1)), True
-    if col.device.type != "cpu":
-        return F.embedding_bag(idx, col, off, mode=mode, per_sample_weights=psw)[:, 0], False
+    if col.device.type != "cpu" or pad is not None:
+        return F.embedding_bag(idx, col, off, mode=mode, per_sample_weights=psw, padding_idx=pad)[:, 0], False
     n = idx.numel()
     vals = col[:, 0].index_select(0, idx)
     if psw is not None:
@@ -140,12 +141,21 @@ def verify_bag_output(out: torch.Tensor, checks: EmbeddingChecks, indices: torch
 def device_bag_output(out: torch.Tensor, checks: EmbeddingChecks, indices: torch.Tensor,
                       offsets: torch.Tensor | None, mode: str, per_sample_weights: torch.Tensor | None = None, *,
                       extra: float = 4.0, u_out: float = 0.0, lam: float | None = None, op: str = "embedding_bag",
-                      dtype: str | None = None, shape: tuple[int, ...] = ()) -> DeviceCheck | CheckReport:
+                      dtype: str | None = None, shape: tuple[int, ...] = (),
+                      padding_idx: int | None = None) -> DeviceCheck | CheckReport:
     """:func:`verify_bag_output` with its verdict left on the device (:func:`device_bag_check`), or the
-    report where none is needed (max pooling, no bags)."""
+    report where none is needed (max pooling, no bags). ``padding_idx`` (sum or mean): the indices equal to
+    it are left out of their bags as torch's lookup leaves them out, by the reference's own lookup over the
+    row sums (no host read; :func:`.embedding_bag.without_padding` would make two), the bags' lengths and
+    indices counted with them in the lower bound (a larger ``n`` only lowers it: the exact verdict, taken
+    after an alarm, leaves them out)."""
     bag, out2, done = _bag_of(out, checks, indices, offsets, mode, per_sample_weights, extra, u_out, lam, op, dtype,
                               shape)
-    return done if done is not None else device_bag_check(bag, out2)
+    if done is not None:
+        return done
+    if padding_idx is not None and mode in ("sum", "mean"):
+        bag.pad = padding_idx
+    return device_bag_check(bag, out2)
 
 
 def _bag_of(out: torch.Tensor, checks: EmbeddingChecks, indices: torch.Tensor, offsets: torch.Tensor | None,
@@ -190,6 +200,18 @@ class Bags:
     op: str
     dtype: str
     shape: tuple[int, ...]
+    #: an index left out of its bag, as torch's lookup with this ``padding_idx`` leaves it (the device verdict
+    #: only: :func:`device_bag_output`; :meth:`unpadded` gives the bags without it)
+    pad: int | None = None
+
+    def unpadded(self) -> Bags:
+        """These bags with every index equal to :attr:`pad` left out (host reads: after an alarm only)."""
+        if self.pad is None:
+            return self
+        from .embedding_bag import without_padding
+
+        idx, off, psw = without_padding(self.idx, self.off, self.psw, self.pad)
+        return replace(self, idx=idx, off=off, psw=psw, pad=None)
 
     @property
     def constants(self) -> tuple[float, float, float]:
@@ -354,11 +376,12 @@ def device_bag_check(bag: Bags, out2: torch.Tensor) -> DeviceCheck:
     """The lower-bound verdict of :func:`bag_exact` left on the device (no host read: a GPU's checked
     lookup does not wait for it); the exact verdict (:func:`bag_exact`) only where it exceeds 1."""
     _, tiny, c_lb = bag.constants
-    ref_t, _ = _pooled(bag.checks.rowsum, bag.idx, bag.off, bag.mode, bag.nb, bag.psw)
+    ref_t, _ = _pooled(bag.checks.rowsum, bag.idx, bag.off, bag.mode, bag.nb, bag.psw, bag.pad)
     got = out2.sum(1, dtype=torch.float64)
     lb = torch.linalg.vector_norm(out2, 2, dim=1).mul_(c_lb).add_(tiny)
     worst = (got - ref_t).abs_().add_(lb, alpha=0.0).div_(lb).max().float()
-    return DeviceCheck(worst, bag.dtype, bag.shape, lambda exact_ratio: bag_exact(bag, out2, exact_ratio), bag.op)
+    return DeviceCheck(worst, bag.dtype, bag.shape, lambda exact_ratio: bag_exact(bag.unpadded(), out2, exact_ratio),
+                       bag.op)
 
 
 def bags_args(indices: torch.Tensor, offsets: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:

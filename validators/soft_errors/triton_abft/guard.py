@@ -8,7 +8,8 @@ device and are read back in batches (:meth:`..protect.Guard.defer`): no host syn
 An EmbeddingBag's padding index, per-sample weights and ``include_last_offset`` are options of its kernel.
 Calls the kernels do not cover (autograd, max_norm, fp32 without TF32, which cuBLAS runs faster than a
 Triton FMA GEMM) take the module's own forward and the checks of :mod:`..abft.device_linear` /
-:mod:`..abft.bag_verdict` as before.
+:mod:`..abft.bag_verdict` as before, their verdicts deferred as well (an EmbeddingBag's padding index left
+out by the reference's own lookup over the row sums: :func:`..abft.bag_verdict.device_bag_output`).
 """
 
 from __future__ import annotations
