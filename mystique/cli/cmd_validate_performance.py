@@ -21,9 +21,13 @@ from .cmd_validate import run_validator, validate
 @click.option("--margin", type=click.FloatRange(0, 1, max_open=True), default=None, metavar="F",
               help="Fleet margin: fail only when slower than the fleet median by more than F (default 0.05) "
                    "and by more than 3 robust standard deviations of the fleet, with confidence.")
+@click.option("--shapes-from", "shapes_from", multiple=True, metavar="PATH", type=click.Path(),
+              help="A capture or benchmark whose GEMMs the micro group also measures at their own shapes and "
+                   "layouts, per dtype (gemm_shape rows, which `mystique predict --profile` prices them by); "
+                   "repeatable. Adds at most 600 s (its progress lines count them).")
 @options.force
 def performance_cmd(output, device, inject, emulate, level, seed, baseline, duration, groups, workloads, margin,
-                    force) -> int:
+                    shapes_from, force) -> int:
     """Measure the device's throughput and judge it against its peers; writes OUT_DIR/results.csv.
 
     \b
@@ -39,4 +43,6 @@ def performance_cmd(output, device, inject, emulate, level, seed, baseline, dura
 
     opts = {"level": level, "seed": seed, "groups": list(groups) or None, "baseline": list(baseline),
             "duration": duration, "workloads": workloads, "margin": margin}
+    if shapes_from:
+        opts["shapes_from"] = list(shapes_from)
     return run_validator(performance.run, output, force, device, inject, emulate, **opts)

@@ -93,13 +93,16 @@ class TensorShape:
 class Work:
     """An operator's work: FLOPs, bytes touched, the dtype of its first floating input ('' if none) and, for
     a GEMM, its layout (``nn``, ``nt``, ``tn``, ``tt``; an attention operator's ``sdpa`` or ``sdpa_bwd``; ''
-    otherwise) and the independent products it is made of (a batched GEMM's batch; see the module docstring)."""
+    otherwise), the independent products it is made of (a batched GEMM's batch; see the module docstring) and,
+    for a GEMM whose product the device profile can measure at its own shape, ``(batch, M, N, K)``
+    (:func:`gemm_dims`)."""
 
     flops: float
     bytes: float
     dtype: str
     layout: str = ""
     products: int = 1
+    dims: tuple[int, int, int, int] | None = None
 
     @property
     def unit_flops(self) -> float:
@@ -177,6 +180,44 @@ def gemm_layout(base: str, ins: list[TensorShape]) -> str:
     return ("t" if a.column_major else "n") + ("t" if b.column_major else "n")
 
 
+#: the GEMMs whose product ``A @ B`` :func:`gemm_dims` names (``torch.mm``/``torch.bmm`` of that shape and layout)
+_DIMS_OPS = frozenset({"mm", "addmm", "_addmm_activation", "bmm", "baddbmm", "linear", "matmul"})
+
+
+def gemm_dims(base: str, ins: list[TensorShape], outs: list[TensorShape]) -> tuple[int, int, int, int] | None:
+    """``(batch, M, N, K)`` of a GEMM's product ``A @ B`` (``A``: ``M x K``, ``B``: ``K x N``, ``batch`` such
+    products), or None where the operator is not one product of that shape (a convolution, a matrix-vector
+    product, shapes that do not chain). ``linear(x, W)`` is ``x`` folded to ``M x K`` times ``W.T``; a
+    ``matmul`` with a 2-D right operand folds its left one the same way (as torch does), else it is batched
+    over its output's leading dimensions. The shapes are the trace's, checked to chain (``K`` shared, ``batch
+    * M * N`` the output's elements)."""
+    if base not in _DIMS_OPS or not outs:
+        return None
+    mats = [t.shape for t in ins if t.shape and t.dtype in FLOAT_DTYPES]
+    if base in ("addmm", "baddbmm", "_addmm_activation") and len(mats) >= 3:
+        mats = mats[1:]
+    if len(mats) < 2:
+        return None
+    a, b = mats[0], mats[1]
+    if base == "linear":
+        if len(b) != 2 or b[1] != a[-1]:
+            return None
+        dims = (1, math.prod(a[:-1]), b[0], a[-1])
+    elif base in ("mm", "addmm", "_addmm_activation"):
+        if len(a) != 2 or len(b) != 2 or a[1] != b[0]:
+            return None
+        dims = (1, a[0], b[1], a[1])
+    elif len(a) < 2 or len(b) < 2 or a[-1] != b[-2] or (base != "matmul" and (len(a) != 3 or len(b) != 3 or a[0] != b[0])):
+        return None
+    elif base == "matmul" and len(b) == 2:
+        dims = (1, math.prod(a[:-1]), b[1], a[-1])
+    else:
+        dims = (math.prod(outs[0].shape[:-2]), a[-2], b[-1], a[-1])
+    if min(dims) < 1 or dims[0] * dims[1] * dims[2] != outs[0].numel:
+        return None
+    return dims
+
+
 def _attention_flops(base: str, ins: list[TensorShape]) -> float:
     qkv = [t for t in ins if len(t.shape) == 4 and t.dtype in FLOAT_DTYPES]
     if len(qkv) < 3:
@@ -195,9 +236,9 @@ def op_work(op: dict[str, Any], tensors: dict[int, dict[str, Any]]) -> Work:
     dtype = next((t.dtype for t in ins if t.dtype in FLOAT_DTYPES), "")
     cls = op_class(name)
     base = name.split("::", 1)[-1].split(".", 1)[0]
-    flops, layout, products = 0.0, "", 1
+    flops, layout, products, dims = 0.0, "", 1, None
     if cls == "gemm":
-        flops, layout = _gemm_flops(base, ins, outs), gemm_layout(base, ins)
+        flops, layout, dims = _gemm_flops(base, ins, outs), gemm_layout(base, ins), gemm_dims(base, ins, outs)
         mats = [t for t in ins if t.dtype in FLOAT_DTYPES + ("int8",)]
         batched = base in ("bmm", "baddbmm") or (base == "matmul" and len(mats) >= 2 and min(len(m.shape) for m in mats[:2]) >= 3)
         if batched and outs and len(outs[0].shape) >= 3:
@@ -205,7 +246,7 @@ def op_work(op: dict[str, Any], tensors: dict[int, dict[str, Any]]) -> Work:
     elif cls == "attention":
         flops = _attention_flops(base.lower(), ins)
         layout = "sdpa_bwd" if "backward" in base.lower() else "sdpa"
-    return Work(flops, nbytes, dtype, layout, products)
+    return Work(flops, nbytes, dtype, layout, products, dims)
 
 
-__all__ = ["FLOAT_DTYPES", "TensorShape", "Work", "gemm_layout", "kernel_class", "op_class", "op_tensors", "op_work", "tensor_ids"]
+__all__ = ["FLOAT_DTYPES", "TensorShape", "Work", "gemm_dims", "gemm_layout", "kernel_class", "op_class", "op_tensors", "op_work", "tensor_ids"]

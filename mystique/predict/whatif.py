@@ -15,7 +15,18 @@ recorded time ``t`` is a fixed part ``o`` (dispatch and launch: the profile's ``
   at the sampled sizes and covers both regimes (``a = 0``: a call bound by its fixed cost; ``a = 1``:
   bound by the cores). Outside the sampled range ``P`` is clamped to the nearest end's. A profile with
   one size per dtype has a constant ``P``: the ratio of the dtypes' throughputs, as before sizes were
-  sampled. An operator whose layout the profile has no curve for reads the ``nn`` curve;
+  sampled. An operator whose layout the profile has no curve for reads the ``nn`` curve.
+  A GEMM whose product ``(batch, M, N, K)`` (:func:`~.opmodel.gemm_dims`), layout and dtype the profile
+  measured at that very shape (``gemm_shape`` rows, ``validate performance --shapes-from``) reads ``P`` off
+  that row instead (:meth:`Profile.gemm_rate`): a GEMM's throughput is a function of its three dimensions
+  and layout, not of its FLOPs alone (a BLAS blocks ``M``, ``N`` and ``K`` apart; without a native kernel
+  for a dtype, its conversion of each operand scales with that operand's size), so a tall and skinny GEMM
+  does not run at the rate of the cube of its FLOPs. Here (1 thread, no AVX512-BF16) bert's
+  ``(1024x256)(256x8192)`` ``nt`` runs fp32 at 39 GFLOP/s against the 86 of the cube curve at its FLOPs,
+  and bf16 7x slower, not the curves' 13x. A profile measured at the workload's shapes is what vendors'
+  models do (cuBLAS's heuristics, Lumos's and Daydream's kernel tables); each side of the ratio ``P_d /
+  P'_d'`` reads its best measured figure, its shape's row where there is one, else the curve, and the
+  prediction's detail says how many GEMMs (and what share of their predicted time) were priced by shape;
 - any other operator is split into the time its bytes take at the profile's memory bandwidth (at most
   ``w``), which scales with its bytes and the bandwidth, and the rest (its per-element work), which
   scales with its element count: ``w' = b * (B'/B) * (BW/BW') + (w - b) * (N'/N)``, each bandwidth that of
@@ -37,7 +48,8 @@ The transforms change shapes and dtypes exactly as ``mystique generate`` does
 the prediction is of the benchmark that ``generate --dtype/--batch-scale`` writes. A profile comes from
 a ``mystique validate performance`` results.csv: ``gemm_throughput`` rows (TFLOP/s per dtype at the
 size in their subject, ``gemm_N``: ``2N^3`` FLOPs, layout ``nn``), ``gemm_curve`` rows (the same at each
-size and layout, ``gemm_N_nt``), ``attention_curve`` rows (scaled dot-product attention forward and
+size and layout, ``gemm_N_nt``), ``gemm_shape`` rows (the same at one GEMM's own shape, ``gemm_[bB]mMnNkK_LAYOUT``:
+``validate performance --shapes-from``), ``attention_curve`` rows (scaled dot-product attention forward and
 backward, TFLOP/s per dtype and size: an attention operator reads them, else the GEMM's), ``memory_bandwidth`` rows (GB/s, the best of them) and, where present, a
 ``launch_overhead`` row (us). A point whose host was too busy (``*_disturbed``) serves only where no
 undisturbed one was measured at that size. A GEMM of a dtype the profile has no throughput for is refused
@@ -64,6 +76,8 @@ from .sim import CLASSES
 
 #: a GEMM row's subject: ``gemm_N`` (layout ``nn``) or ``gemm_N_LAYOUT``
 _GEMM_SUBJECT = re.compile(r"^gemm_(\d+)(?:_([nt]{2}))?$")
+#: a gemm_shape row's subject: ``gemm_[bB]mMnNkK_LAYOUT`` (``B`` products of ``M x K`` by ``K x N``)
+_SHAPE_SUBJECT = re.compile(r"^gemm_(?:b(\d+))?m(\d+)n(\d+)k(\d+)_([nt]{2})$")
 #: an attention_curve row's subject: ``sdpa_fwd_bBhHlLdD`` (forward: 4BHL^2D FLOPs; backward 8BHL^2D)
 _SDPA_SUBJECT = re.compile(r"^sdpa_(fwd|bwd)_b(\d+)h(\d+)l(\d+)d(\d+)$")
 #: the curves a layout reads, in order
@@ -97,6 +111,8 @@ class Profile:
     gemm_curves: dict[tuple[str, str], tuple[tuple[float, float], ...]] = field(default_factory=dict)
     source: str = ""
     mem_gbps_dtype: dict[str, float] = field(default_factory=dict)
+    #: ``(dtype, layout, batch, M, N, K)`` -> TFLOP/s measured at that shape (``gemm_shape`` rows)
+    gemm_shapes: dict[tuple[str, str, int, int, int, int], float] = field(default_factory=dict)
 
     def bandwidth(self, dtype: str) -> float | None:
         """The memory bandwidth an operator of ``dtype`` moves its bytes at: that dtype's triad where the profile
@@ -108,7 +124,17 @@ class Profile:
         return v if v and v > 0 else None
 
     def has_dtype(self, dtype: str) -> bool:
-        return bool(self.gemm_tflops.get(dtype)) or any(d == dtype for d, _ in self.gemm_curves)
+        return (bool(self.gemm_tflops.get(dtype)) or any(d == dtype for d, _ in self.gemm_curves)
+                or any(k[0] == dtype for k in self.gemm_shapes))
+
+    def gemm_rate(self, w: Work) -> tuple[float | None, bool]:
+        """The throughput a GEMM or attention operator ``w`` runs at, and whether it is its own shape's: the
+        ``gemm_shape`` row of its dtype, layout and ``(batch, M, N, K)`` where the profile has one (module
+        docstring), else :meth:`tflops_at` its layout's curve at one product's FLOPs. Both are TFLOP/s of one
+        product's rate (a batched row's FLOPs over its time: its products run one after another)."""
+        if w.dims is not None and (v := self.gemm_shapes.get((w.dtype, w.layout, *w.dims))):
+            return v, True
+        return self.tflops_at(w.dtype, w.layout, w.unit_flops), False
 
     def tflops_at(self, dtype: str, layout: str, flops: float) -> float | None:
         """The GEMM throughput of ``dtype`` for an operator of ``flops`` FLOPs and ``layout`` (``nn`` when the
@@ -151,6 +177,7 @@ def read_profile(path: str | os.PathLike) -> Profile:
     except (ValueError, KeyError, OSError) as exc:
         raise UsageError(f"{show(p)}: not a results.csv: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from exc
     gemm: dict[str, float] = {}
+    shapes: dict[tuple[str, str, int, int, int, int], tuple[bool, float]] = {}
     points: dict[tuple[str, str, float], tuple[bool, float]] = {}  # (dtype, layout, FLOPs) -> (undisturbed, TFLOP/s)
     mem: list[float] = []
     by_dtype: dict[str, float] = {}
@@ -170,6 +197,10 @@ def read_profile(path: str | os.PathLike) -> Profile:
             m = _GEMM_SUBJECT.match(str(r.subject))
             if m:
                 _point(points, (str(r.dtype), m[2] or "nn", 2.0 * int(m[1]) ** 3), clean, float(v))
+        elif check == "gemm_shape" and r.metric == "tflops" and r.dtype:
+            m = _SHAPE_SUBJECT.match(str(r.subject))
+            if m:
+                _point(shapes, (str(r.dtype), m[5], int(m[1] or 1), int(m[2]), int(m[3]), int(m[4])), clean, float(v))
         elif check == "attention_curve" and r.metric == "tflops" and r.dtype:
             m = _SDPA_SUBJECT.match(str(r.subject))
             if m:
@@ -184,13 +215,14 @@ def read_profile(path: str | os.PathLike) -> Profile:
                 by_dtype[str(r.dtype)] = max(by_dtype.get(str(r.dtype), 0.0), float(v))
         elif check == "launch_overhead" and r.unit == "us" and clean:
             launch = float(v)
-    if not gemm and not mem and not points:
+    if not gemm and not mem and not points and not shapes:
         raise UsageError(f"{show(p)}: no gemm_throughput or memory_bandwidth rows: not a `mystique validate "
                          "performance` run (its micro group writes them)")
     best = max(mem) if mem else None
     if best is not None:  # a dtype's triad at the float32 bandwidth or above it is the float32 figure's noise
         by_dtype = {d: v for d, v in by_dtype.items() if v < best}
-    return Profile(name or show(p), gemm, best, launch, _curves(points), show(p), by_dtype)
+    return Profile(name or show(p), gemm, best, launch, _curves(points), show(p), by_dtype,
+                   {k: v for k, (_, v) in shapes.items()})
 
 
 def check_dtypes(pairs: list[tuple[Work, Work]], base: Profile | None, target: Profile | None) -> None:
@@ -288,8 +320,8 @@ def op_time(t: float, o: float, cls: str, w0: Work, w1: Work, n0: int, n1: int, 
     if cls in ("gemm", "attention") and w0.flops > 0:
         speed = 1.0
         if p0 is not None and p1 is not None:
-            before = p0.tflops_at(w0.dtype, w0.layout, w0.unit_flops)
-            after = p1.tflops_at(w1.dtype or w0.dtype, w1.layout or w0.layout, w1.unit_flops)
+            before, _ = p0.gemm_rate(w0)
+            after, _ = p1.gemm_rate(_as_target(w0, w1))
             if before and after:
                 speed = before / after
         return fixed + work * (w1.flops / w0.flops) * speed
@@ -305,13 +337,43 @@ def op_time(t: float, o: float, cls: str, w0: Work, w1: Work, n0: int, n1: int, 
     return fixed + bw_part * byte_ratio * bw_ratio + (work - bw_part) * elem_ratio
 
 
+def _as_target(w0: Work, w1: Work) -> Work:
+    """The transformed operator ``w1`` with the dtype and layout of ``w0`` where it names none."""
+    return w1 if w1.dtype and w1.layout else replace(w1, dtype=w1.dtype or w0.dtype, layout=w1.layout or w0.layout)
+
+
 def roofline_us(cls: str, w: Work, p: Profile) -> float:
     """An operator's time on a device at its profile's measured throughput: its FLOPs at the GEMM
-    throughput of its dtype, layout and size (GEMM and attention; :meth:`Profile.tflops_at`) or its bytes at the memory bandwidth, the larger."""
-    tflops = p.tflops_at(w.dtype, w.layout, w.unit_flops) or p.peak(w.dtype) if cls in ("gemm", "attention") and w.flops else None
+    throughput of its dtype, layout and shape (GEMM and attention; :meth:`Profile.gemm_rate`) or its bytes at
+    the memory bandwidth of its dtype (:meth:`Profile.bandwidth`, as :func:`op_time` reads it), the larger."""
+    tflops = (p.gemm_rate(w)[0] or p.peak(w.dtype)) if cls in ("gemm", "attention") and w.flops else None
     compute = w.flops / (tflops * 1e12) * 1e6 if tflops else 0.0
-    memory = w.bytes / (p.mem_gbps * 1e9) * 1e6 if p.mem_gbps and w.bytes else 0.0
+    bw = p.bandwidth(w.dtype)
+    memory = w.bytes / (bw * 1e9) * 1e6 if bw and w.bytes else 0.0
     return max(compute, memory)
+
+
+def priced_by_shape(step: Step, works: list[tuple[Work, Work]], new_ops: list[OpTiming], base: Profile | None,
+                    target: Profile | None) -> str:
+    """One clause for the prediction's detail: how many GEMMs the ``gemm_shape`` rows priced (on both profiles;
+    on one only) and their share of the GEMMs' predicted time; '' when neither profile has such rows."""
+    if not ((base is not None and base.gemm_shapes) or (target is not None and target.gemm_shapes)):
+        return ""
+    both = one = 0
+    t_both = t_all = 0.0
+    for ot, new, (w0, w1) in zip(step.ops, new_ops, works):
+        if ot.cls != "gemm" or w0.flops <= 0:
+            continue
+        hits = sum(p is not None and p.gemm_rate(w)[1] for p, w in ((base, w0), (target, _as_target(w0, w1))))
+        t = new.host_us + sum(k.dur_us for k in new.kernels)
+        t_all += t
+        both += hits == 2
+        one += hits == 1
+        t_both += t if hits == 2 else 0.0
+    n = sum(1 for ot, (w0, _) in zip(step.ops, works) if ot.cls == "gemm" and w0.flops > 0)
+    share = f" ({t_both / t_all:.1%} of their predicted time)" if t_all > 0 else ""
+    return (f"{both} of {n} GEMMs{share} priced at their own shape on both profiles (gemm_shape rows), {one} on one "
+            f"only; the rest by the curves' interpolation in FLOPs")
 
 
 def transformed_plan(step: Step, *, dtype: str | None, batch_scale: float | None, allow_ops: tuple[str, ...] = ()):
@@ -354,6 +416,9 @@ def apply_model(step: Step, new_plan, base: Profile | None, target: Profile | No
         else:
             ops.append(replace(ot, host_us=op_time(ot.host_us, o, ot.cls, w0, w1, n0, n1, base, target)))
     new.ops = ops
+    note = priced_by_shape(step, works, ops, base, target)
+    if note:
+        new.notes = [*step.notes, note]
     return new
 
 
@@ -361,6 +426,7 @@ def describe(profile: Profile | None) -> str:
     if profile is None:
         return "no profile"
     g = ", ".join(f"{d} {v:.3g} TFLOP/s" for d, v in sorted(profile.gemm_tflops.items()))
+    shapes = f"; {len(profile.gemm_shapes)} gemm_shape rows" if profile.gemm_shapes else ""
     n = {}
     for (d, _), pts in profile.gemm_curves.items():
         n[d] = n.get(d, 0) + len(pts)
@@ -370,8 +436,8 @@ def describe(profile: Profile | None) -> str:
         g += (" (a GEMM's throughput interpolated log-log in its FLOPs between the sizes of its dtype and layout, "
               "clamped at the ends)")
     return (f"{profile.name}: GEMM {g or 'unknown'}; memory {profile.mem_gbps:.3g} GB/s" if profile.mem_gbps
-            else f"{profile.name}: GEMM {g or 'unknown'}") + (f"; launch {profile.launch_us:.3g} us"
-                                                              if profile.launch_us is not None else "")
+            else f"{profile.name}: GEMM {g or 'unknown'}") + shapes + (f"; launch {profile.launch_us:.3g} us"
+                                                                       if profile.launch_us is not None else "")
 
 
 def median_op_us(step: Step) -> float:
@@ -379,5 +445,5 @@ def median_op_us(step: Step) -> float:
     return statistics.median(xs) if xs else 0.0
 
 
-__all__ = ["Profile", "apply_model", "check_dtypes", "interpolate", "roofline_us", "describe", "fixed_us", "op_time", "parse_factors", "read_profile",
+__all__ = ["Profile", "apply_model", "check_dtypes", "interpolate", "priced_by_shape", "roofline_us", "describe", "fixed_us", "op_time", "parse_factors", "read_profile",
            "scale_classes", "transformed_plan"]

@@ -21,7 +21,8 @@ Options: ``baseline`` (results.csv files or folders of peers), ``duration`` (sec
 load in all, default 60 at quick and 600 at full), ``workloads`` (names or a comma list; default all
 of :data:`mystique.workloads.WORKLOADS`), ``margin`` (fleet margin, default 0.05), ``threads`` (CPU
 threads, default: the CPUs this process may use), ``paired`` (default True: with a mode injected,
-pair it against the device without it). ``out_dir`` receives ``step_times.csv`` (every step: its
+pair it against the device without it), ``shapes_from`` (captures or benchmarks whose GEMMs' own shapes
+the micro group measures as ``gemm_shape`` rows, :mod:`.shapes`). ``out_dir`` receives ``step_times.csv`` (every step: its
 seconds, the seconds this process's threads waited for a CPU during it, and whether that left it
 undisturbed (:mod:`.timed`); the fleet summary's per-step distribution) and the reference
 benchmarks.
@@ -65,13 +66,16 @@ _COMMON = {"min_reps": 7, "drift_tolerance": 0.10, "mode_margin": 0.05, "paired_
            "gemm_sizes_cpu": (64, 128, 256, 512, 1024), "gemm_sizes_cuda": (256, 512, 1024, 2048, 4096, 8192),
            # attention_curve sequence lengths (B, H, D = 1, 8, 64): the reference captures' attention is 33 MFLOP
            # (llama small: B 8, H 8, L 128, D 32), L = 128 here
-           "sdpa_lengths_cpu": (128, 256, 512), "sdpa_lengths_cuda": (512, 1024, 2048, 4096)}
+           "sdpa_lengths_cpu": (128, 256, 512), "sdpa_lengths_cuda": (512, 1024, 2048, 4096),
+           # --shapes-from (shapes.run_gemm_shapes): at most this many distinct shapes (the 8 reference captures hold
+           # 61), operands of at most this many bytes, and this many seconds in all
+           "shape_max": 128, "shape_max_bytes_cpu": 2 << 30, "shape_max_bytes_cuda": 16 << 30, "shape_budget_s": 600.0}
 LEVELS: dict[str, dict[str, Any]] = {
     "quick": {**_COMMON, "duration": 60.0, "config": "small", "mode": "infer", "micro_budget_s": 1.0},
     "full": {**_COMMON, "duration": 600.0, "config": "small", "mode": "train", "micro_budget_s": 5.0,
              "gemm_n_cpu": 2048, "min_reps": 20},
 }
-_OPTIONS = ("baseline", "duration", "workloads", "margin", "threads", "paired")
+_OPTIONS = ("baseline", "duration", "workloads", "margin", "threads", "paired", "shapes_from")
 
 
 def groups(level: str = "quick") -> list[str]:
@@ -100,6 +104,11 @@ def _settings(level: str, options: dict[str, Any]) -> dict[str, Any]:
         raise UsageError(f"margin {options['margin']} must be within 0..1")
     s["workloads"] = select_workloads(options.get("workloads"))
     s["paired"] = bool(options.get("paired", True))
+    if options.get("shapes_from"):  # read (and refused) before anything is measured
+        from .shapes import read_shapes
+
+        s["gemm_shapes"] = read_shapes([options["shapes_from"]] if isinstance(options["shapes_from"], str)
+                                       else list(options["shapes_from"]))
     return s
 
 

@@ -2,7 +2,8 @@
 triad), host<->device transfers (pinned and pageable) on accelerators; and, per tensor dtype, GEMM
 throughput across sizes and layouts and attention's forward and backward across sizes
 (:mod:`.curve`: ``gemm_curve`` and ``attention_curve`` rows), which ``mystique predict`` reads as the
-device profile's throughput curves.
+device profile's throughput curves; with ``shapes_from``, GEMM throughput at the given steps' own shapes
+(:mod:`.shapes`: ``gemm_shape`` rows), which predict prices those GEMMs by.
 
 Each figure is timed in repeated calls under ``target.active()`` (the device synchronised around
 each call) for the level's time budget, and on until ``min_reps`` calls were undisturbed by the host
@@ -30,6 +31,7 @@ from ._ctx import Measured, PerformanceContext
 from .clocks import ClockSampler, describe
 from .curve import CURVE_DTYPES, run_attention_curve, run_gemm_curve
 from .nominal import lookup
+from .shapes import run_gemm_shapes
 from .stats import batch_interval
 from .timed import Calls, timed_calls
 
@@ -108,6 +110,8 @@ def run_gemm(ctx: PerformanceContext) -> None:
     for label, dtype, tf32 in _gemm_cases(device):
         if label in CURVE_DTYPES and not tf32:
             run_attention_curve(ctx, label, dtype)
+    run_gemm_shapes(ctx, [(label, dtype) for label, dtype, tf32 in _gemm_cases(device)
+                          if label in CURVE_DTYPES and not tf32])
 
 
 def _calls(fn: Callable[[], Any], target: Any, s: dict[str, Any], clocks: bool = True) -> tuple[Calls, str]:
