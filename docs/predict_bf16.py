@@ -1,12 +1,14 @@
 """Issue #35's cross-configuration figure, bf16 from fp32: this host's device profile measured at the steps'
-thread count, then each fp32 reference step's bf16 prediction checked against the generated bf16 benchmark
+thread count and at the steps' own GEMM shapes (``--shapes-from`` each capture predicted: ``gemm_shape``
+rows), then each fp32 reference step's bf16 prediction checked against the generated bf16 benchmark
 (``predict CAP --verify --dtype bfloat16 --profile P``), into one results.csv and meta.json that
 ``docs/figures.py keep`` stores.
 
     OMP_NUM_THREADS=1 PYTHONPATH=tests python docs/predict_bf16.py -o /tmp/pb16 [--captures /tmp/ps]
     python docs/figures.py keep predict_bf16_from_fp32_cpu_runN /tmp/pb16 --note "..." && python docs/figures.py
 
-The profile (``validate performance --group micro``, about 35-50 s) runs pinned to one CPU when
+The profile (``validate performance --group micro``, about 35-50 s, and about 3-4 min more for the 61
+distinct GEMM shapes of the 8 captures in fp32, bf16 and fp16) runs pinned to one CPU when
 ``OMP_NUM_THREADS=1``, so that it measures at the one thread the steps run at (its thread count is the
 CPUs it may use): on a CPU without native bf16 the fp32/bf16 throughput ratio depends on the threads.
 ``--captures DIR`` reuses the ``CAP_<name>`` folders of ``docs/predict_self.py`` (fp32 captures); without
@@ -48,14 +50,18 @@ def main(argv: list[str] | None = None) -> int:
     load_start, t0 = _load(), time.monotonic()
     profile = ns.output / "profile"
     one = os.environ.get("OMP_NUM_THREADS") == "1"
-    subprocess.run([*mystique, "validate", "performance", "--device", "cpu", "--level", "quick", "--group", "micro",
-                    "-o", str(profile), "--force"], check=False, preexec_fn=_one_cpu if one else None)
-    header, rows, worst, runs = None, [], 0, []
+    caps = {}
     for name, target in chosen:
-        cap = (ns.captures or ns.output) / f"CAP_{name}"
+        cap = caps[name] = (ns.captures or ns.output) / f"CAP_{name}"
         if not (cap / "capture.json").is_file():
             subprocess.run([*mystique, "capture", *target, "--warmup", str(ns.warmup), "--steps", str(ns.steps),
                             "-o", str(cap), "--force"], check=True)
+    shapes = [a for cap in caps.values() for a in ("--shapes-from", str(cap))]
+    subprocess.run([*mystique, "validate", "performance", "--device", "cpu", "--level", "quick", "--group", "micro",
+                    *shapes, "-o", str(profile), "--force"], check=False, preexec_fn=_one_cpu if one else None)
+    header, rows, worst, runs = None, [], 0, []
+    for name, target in chosen:
+        cap = caps[name]
         out = ns.output / f"P_{name}"
         original = ["--original", target[0]] if ":" in target[0] else []
         args = ["predict", str(cap), "--verify", "--time-cap", f"{ns.time_cap:g}", "--dtype", "bfloat16",
@@ -72,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     return write_run(ns.output, [header or (lines[0] if lines else ""), *rows, *lines[1:]],
                      f"docs/predict_bf16.py {shlex.join(argv if argv is not None else sys.argv[1:])}: "
                      f"{'taskset one CPU: ' if one else ''}mystique validate performance --device cpu --level quick "
-                     f"--group micro -o P; " + "; ".join(runs), worst, t0, load_start)
+                     f"--group micro {shlex.join(shapes)} -o P; " + "; ".join(runs), worst, t0, load_start)
 
 
 if __name__ == "__main__":

@@ -133,6 +133,15 @@ def test_a_device_roofline_moves_bytes_at_the_operators_dtype_bandwidth():
     assert roofline_us("memory", Work(0, 2e6, "float32"), p) == pytest.approx(100.0)
 
 
+def test_the_report_charts_the_shape_rows(tmp_path):
+    from mystique.reports.html import render_html
+
+    from mystique.results import read_csv
+
+    html = render_html(read_csv(_csv(tmp_path / "r.csv", [("gemm_shape", "gemm_m1024n8192k256_nt", "bfloat16", 0.0053)])))
+    assert "gemm shape (TFLOP/s)" in html and "gemm_m1024n8192k256_nt" in html
+
+
 # --- the validator's shape rows -------------------------------------------------------------------------
 
 

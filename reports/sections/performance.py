@@ -1,8 +1,8 @@
 """The performance section (suite ``performance``): throughput, steadiness, the fleet.
 
-Charts, each from result rows only (never torch): GEMM throughput, its curve over sizes and layouts,
-attention's over sizes, and memory/transfer bandwidth (``gemm_throughput``, ``gemm_curve``,
-``attention_curve``, ``memory_bandwidth``, ``transfer_bandwidth``); median step time per workload
+Charts, each from result rows only (never torch): GEMM throughput, its curve over sizes and layouts, at
+the shapes of ``--shapes-from`` steps, attention's over sizes, and memory/transfer bandwidth
+(``gemm_throughput``, ``gemm_curve``, ``gemm_shape``, ``attention_curve``, ``memory_bandwidth``, ``transfer_bandwidth``); median step time per workload
 with its 95% interval (``step_time``; ``step_time_disturbed`` labelled as not compared); clocks, power and temperature over the sustained run
 (``clock_trace``, one chart per workload and unit); for `mystique fleet`: one chart per compared
 figure with every device's value coloured by its outlier verdict (``fleet_member``,
@@ -30,7 +30,7 @@ def _label(r: Any, multi: bool, *parts: str) -> str:
 
 
 def _rates(rows: SuiteRows) -> list[dict[str, Any]]:
-    rates = ("gemm_throughput", "gemm_curve", "attention_curve", "memory_bandwidth", "transfer_bandwidth")
+    rates = ("gemm_throughput", "gemm_curve", "gemm_shape", "attention_curve", "memory_bandwidth", "transfer_bandwidth")
     df = rows.df[rows.df["check"].isin(rates + tuple(f"{c}_disturbed" for c in rates)) & (rows.df["status"] == "info")]
     out = []
     for check, g in df.groupby("check", sort=False):
