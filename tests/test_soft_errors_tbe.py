@@ -184,6 +184,37 @@ def test_checksums_are_cached_per_weight_version():
     assert not checked(idx, off)[1].alarm
 
 
+
+@pytest.mark.parametrize("mode", ["sum", "mean"])
+def test_a_fused_optimizers_update_refreshes_the_looked_up_rows_checksums_and_a_flip_still_alarms(mode):
+    """FBGEMM's fused SGD writes the looked-up rows in the TBE's backward, past the version counter: the hook on
+    that backward recomputes those rows' checksums (equal to a full recomputation afterwards), so training steps
+    never alarm without refresh(); a soft error in a row the step did not write still alarms in its bags."""
+    from mystique.validators.soft_errors.abft.tbe import CheckedTBE
+
+    tbe = _make("fp32", mode, 3)
+    checked = CheckedTBE(tbe)
+    assert checked.fused_update()
+    for step in range(3):
+        idx, off, _ = _batch([2, 3, 1, 4, 0, 2, 5, 1], step)
+        out, rep = checked(idx, off)
+        assert not rep.alarm, f"step {step}: {rep.describe()}"
+        before = [w.clone() for w in tbe.split_embedding_weights()]
+        out.square().sum().backward()
+        moved = [bool((a != b).any()) for a, b in zip(before, tbe.split_embedding_weights())]
+        assert any(moved)  # (the fused update wrote rows, the version counter unmoved)
+        cached = checked.checks()
+        for c, w in zip(cached, tbe.split_embedding_weights()):
+            rs, ab = row_sums64(w.detach())
+            assert torch.equal(c.rowsum[:, 0], rs.float()) and torch.equal(c.absum[:, 0], ab.float())
+    idx, off, b = _batch([2, 3, 1, 4, 0, 2, 5, 1], 7)
+    row = int(idx[0])  # feature 0's first index: table 0
+    with torch.no_grad():
+        tbe.split_embedding_weights()[0].data.view(torch.int32)[row, 1] ^= 1 << 29  # past the counter (.data)
+    rep = checked(idx, off)[1]
+    first = int((off[1:b + 1] > 0).nonzero()[0])  # the first non-empty bag of feature 0 reads that row
+    assert rep.alarm and first in rep.rows
+
 def test_bad_tbe_arguments_are_refused_with_one_line():
     from mystique.validators.soft_errors.abft.tbe import CheckedTBE
 

@@ -18,9 +18,13 @@ torch's lookup: ``extra`` = 4; the inference TBE dequantizes with one fused mult
 (:data:`.fbgemm.EXTRA_ROUNDINGS`); per-sample weights add two (the weight's product in the lookup's terms and
 in the reference's, ``u a_b`` each). The cache key of a table's checksums is its weight tensor's storage
 and version counter: an in-place update through torch (``optimizer.step()``, ``copy_``) makes new ones; an
-update that bypasses the version counter (FBGEMM's fused optimizers write the rows in their backward
-kernel) needs :meth:`CheckedTBE.refresh` after it, else the updated rows alarm. A soft error bypasses it
-too: that is what the check sees.
+update that bypasses the version counter, FBGEMM's fused optimizers (they write the looked-up rows in the
+TBE's backward kernel), is followed by a hook on that backward (:meth:`CheckedTBE.__call__`) that recomputes
+the checksums of exactly the rows the call looked up, which are the rows the update may write: a cost of the
+order of the lookup's own, not a pass over the tables. Any other such update needs :meth:`CheckedTBE.refresh`
+after it, else the updated rows alarm. A soft error bypasses it too: that is what the check sees (an error in
+the fused update's own write of a row is taken in by that row's new checksums: the check covers the
+lookups, not the optimizer).
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ import torch
 
 from mystique.errors import UsageError
 
-from .bag_verdict import EmbeddingChecks, verify_bag_output
+from .bag_verdict import EmbeddingChecks, row_sums64, verify_bag_output
 from .fbgemm import EXTRA_ROUNDINGS as INT_EXTRA
 from .report import CheckReport
 
@@ -120,16 +124,46 @@ class CheckedTBE:
         checks = self.checks()
         args = (indices, offsets) if per_sample_weights is None else (indices, offsets, per_sample_weights)
         out = self.tbe(*args)
-        return out, self.verify(out, indices, offsets, per_sample_weights, checks)
+        bounds = self._bounds(offsets)
+        if self.fused_update() and out.grad_fn is not None:  # (its backward writes the looked-up rows)
+            key = self._cache[0] if self._cache is not None else None
+            out.grad_fn.register_hook(lambda *_: self._refresh_rows(key, indices, bounds))
+        return out, self.verify(out, indices, offsets, per_sample_weights, checks, bounds)
+
+    def fused_update(self) -> bool:
+        """Whether the module's backward updates its rows itself (a training TBE with a fused optimizer)."""
+        opt = getattr(self.tbe, "optimizer", None)
+        return self.kind == "float" and opt is not None and getattr(opt, "name", str(opt)) != "NONE"
+
+    def _bounds(self, offsets: torch.Tensor) -> list[int]:
+        nf = len(self.features)
+        b = (offsets.numel() - 1) // nf
+        return offsets[::b].tolist() if b else [0] * (nf + 1)  # (the one host read: T + 1 offsets)
+
+    def _refresh_rows(self, key: tuple | None, indices: torch.Tensor, bounds: list[int]) -> None:
+        """After a fused update: the checksums of the rows ``indices`` looked up, recomputed from the rows as
+        they are now (the cached ones, if still those of ``key``; else the next call computes them all)."""
+        if self._cache is None or self._cache[0] != key:
+            return
+        ws, checks = self._weights(), self._cache[1]
+        rows: dict[int, list[torch.Tensor]] = {}
+        for f, t in enumerate(self.features):
+            rows.setdefault(t, []).append(indices[bounds[f]:bounds[f + 1]])
+        with torch.no_grad():
+            for t, parts in rows.items():
+                r = torch.unique(torch.cat(parts).long().to(checks[t].rowsum.device))
+                rs, ab = row_sums64(ws[t].index_select(0, r.to(ws[t].device)).float())
+                checks[t].rowsum.index_copy_(0, r, rs.to(checks[t].rowsum.device, torch.float32).reshape(-1, 1))
+                checks[t].absum.index_copy_(0, r, ab.to(checks[t].absum.device, torch.float32).reshape(-1, 1))
 
     def verify(self, out: torch.Tensor, indices: torch.Tensor, offsets: torch.Tensor,
-               per_sample_weights: torch.Tensor | None = None, checks: list[EmbeddingChecks] | None = None
-               ) -> CheckReport:
+               per_sample_weights: torch.Tensor | None = None, checks: list[EmbeddingChecks] | None = None,
+               bounds: list[int] | None = None) -> CheckReport:
         """The verdict on a (bags x sum of the features' D) output of the module for these arguments."""
         checks = self.checks() if checks is None else checks
         nf = len(self.features)
         b = (offsets.numel() - 1) // nf
-        bounds = offsets[::b].tolist() if b else [0] * (nf + 1)  # (the one host read: T + 1 offsets)
+        bounds = self._bounds(offsets) if bounds is None else bounds
         extra = (FLOAT_EXTRA if self.kind == "float" else INT_EXTRA) + \
             (WEIGHT_ROUNDINGS if per_sample_weights is not None else 0.0)
         op = f"tbe_{'fp' if self.kind == 'float' else 'int'}_{self.mode}"
