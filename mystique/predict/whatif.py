@@ -24,9 +24,12 @@ recorded time ``t`` is a fixed part ``o`` (dispatch and launch: the profile's ``
   does not run at the rate of the cube of its FLOPs. Here (1 thread, no AVX512-BF16) bert's
   ``(1024x256)(256x8192)`` ``nt`` runs fp32 at 39 GFLOP/s against the 86 of the cube curve at its FLOPs,
   and bf16 7x slower, not the curves' 13x. A profile measured at the workload's shapes is what vendors'
-  models do (cuBLAS's heuristics, Lumos's and Daydream's kernel tables); each side of the ratio ``P_d /
-  P'_d'`` reads its best measured figure, its shape's row where there is one, else the curve, and the
-  prediction's detail says how many GEMMs (and what share of their predicted time) were priced by shape;
+  models do (cuBLAS's heuristics, Lumos's and Daydream's kernel tables). The ratio ``P_d / P'_d'`` reads
+  both sides off their shapes' rows when both profiles have them, else both off the curves: a curve misprices
+  a shape by a bias that is largely common to the two sides (the same layout and proportions), which
+  cancels in the ratio only when both sides carry it (a ``--batch-scale`` GEMM's new shape, unmeasured, reads
+  the curves on both sides). The prediction's detail says how many GEMMs (and what share of their predicted
+  time) were priced by shape;
 - any other operator is split into the time its bytes take at the profile's memory bandwidth (at most
   ``w``), which scales with its bytes and the bandwidth, and the rest (its per-element work), which
   scales with its element count: ``w' = b * (B'/B) * (BW/BW') + (w - b) * (N'/N)``, each bandwidth that of
@@ -320,8 +323,10 @@ def op_time(t: float, o: float, cls: str, w0: Work, w1: Work, n0: int, n1: int, 
     if cls in ("gemm", "attention") and w0.flops > 0:
         speed = 1.0
         if p0 is not None and p1 is not None:
-            before, _ = p0.gemm_rate(w0)
-            after, _ = p1.gemm_rate(_as_target(w0, w1))
+            (before, exact0), (after, exact1) = p0.gemm_rate(w0), p1.gemm_rate(_as_target(w0, w1))
+            if exact0 != exact1:  # one side by its shape, the other by the curve: both by the curves
+                before = p0.tflops_at(w0.dtype, w0.layout, w0.unit_flops)
+                after = p1.tflops_at(w1.dtype or w0.dtype, w1.layout or w0.layout, w1.unit_flops)
             if before and after:
                 speed = before / after
         return fixed + work * (w1.flops / w0.flops) * speed
@@ -355,8 +360,9 @@ def roofline_us(cls: str, w: Work, p: Profile) -> float:
 
 def priced_by_shape(step: Step, works: list[tuple[Work, Work]], new_ops: list[OpTiming], base: Profile | None,
                     target: Profile | None) -> str:
-    """One clause for the prediction's detail: how many GEMMs the ``gemm_shape`` rows priced (on both profiles;
-    on one only) and their share of the GEMMs' predicted time; '' when neither profile has such rows."""
+    """One clause for the prediction's detail: how many GEMMs the ``gemm_shape`` rows priced (both sides' shapes
+    measured), how many had one side's only (priced by the curves, :func:`op_time`) and their share of the
+    GEMMs' predicted time; '' when neither profile has such rows."""
     if not ((base is not None and base.gemm_shapes) or (target is not None and target.gemm_shapes)):
         return ""
     both = one = 0
@@ -372,8 +378,8 @@ def priced_by_shape(step: Step, works: list[tuple[Work, Work]], new_ops: list[Op
         t_both += t if hits == 2 else 0.0
     n = sum(1 for ot, (w0, _) in zip(step.ops, works) if ot.cls == "gemm" and w0.flops > 0)
     share = f" ({t_both / t_all:.1%} of their predicted time)" if t_all > 0 else ""
-    return (f"{both} of {n} GEMMs{share} priced at their own shape on both profiles (gemm_shape rows), {one} on one "
-            f"only; the rest by the curves' interpolation in FLOPs")
+    return (f"{both} of {n} GEMMs{share} priced by their own shapes' gemm_shape rows; the rest by the curves' "
+            f"interpolation in FLOPs ({one} of them had a row on one side only)")
 
 
 def transformed_plan(step: Step, *, dtype: str | None, batch_scale: float | None, allow_ops: tuple[str, ...] = ()):
