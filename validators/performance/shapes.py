@@ -163,15 +163,16 @@ def run_gemm_shapes(ctx: PerformanceContext, cases: Sequence[tuple[str, torch.dt
             else:
                 reason = why
             if not reason:
-                t0 = _timed.clock()
+                one = 0.0
                 try:
                     fn = _shape_gemm(dtype, shape, device, ctx.seed)
                     with target.active():
+                        t0 = _timed.clock()
                         fn()
                         target.synchronize()
+                        one = _timed.clock() - t0
                 except (RuntimeError, TypeError, NotImplementedError) as exc:
                     reason = f"{label} GEMM does not run on {target.label}: {str(exc).splitlines()[0][:200]}"
-                one = _timed.clock() - t0
                 left = budget - (_timed.clock() - start)
                 if not reason and reps * one > left:
                     reason = (f"its first call took {one:.3g} s: {reps} more would overrun the {left:.3g} s left of "
