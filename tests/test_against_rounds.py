@@ -83,6 +83,34 @@ def test_a_real_change_is_measured_through_the_rotation():
     assert p.base_median_s() == pytest.approx(1.0) and p.summary()["null_ratio"] == pytest.approx(1.0)
 
 
+def test_the_prediction_runs_after_every_measured_round_under_that_rounds_host():
+    # a host that turns twice as slow halfway (a neighbour starts): the prediction's passes, one pair after
+    # each measured round, run in both halves as the rounds do (timed in a phase of their own, they would see one)
+    dev = FakeDevice()
+    slow = {"f": 1.0}
+    streams = [[_scaled(dev, slow, f"{tag}{i}", t) for i in range(2)] for tag, t in (("x", 1.1), ("b", 1.0), ("n", 1.0))]
+    seen = []
+
+    def each_round(n: int) -> None:
+        dev.calls.append(f"P{n}")
+        seen.append((n, slow["f"]))
+        if n == 9:
+            slow["f"] = 2.0
+
+    p = rotated_rounds(streams, clock=dev.clock, half_width=1e-9, time_cap_s=1e9, min_rounds=20, each_round=each_round)
+    assert [n for n, _ in seen] == list(range(p.rounds)) and p.rounds == 20
+    measured = dev.calls[3 * p.warmup_rounds:]  # none during the warm-up; after each round's three streams
+    assert all(measured[4 * n + 3] == f"P{n}" and not measured[4 * n + 2].startswith("P") for n in range(p.rounds))
+    assert [f for _, f in seen].count(2.0) == 10 and p.ratio("bench")[0] == pytest.approx(1.1)
+
+
+def _scaled(dev: FakeDevice, slow: dict, name: str, step_s: float):
+    def run() -> None:
+        dev.calls.append(name)
+        dev.now += step_s * slow["f"]
+    return run
+
+
 def test_bad_streams_are_refused():
     dev = FakeDevice()
     with pytest.raises(ValueError, match="three streams"):

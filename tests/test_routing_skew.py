@@ -126,6 +126,74 @@ def test_the_rounds_stop_at_the_half_width_or_the_time_cap():
     assert p.stop == "half-width" and len(p.candidate_s) == 10
 
 
+class CachedGemm(FakeGemm):
+    """A grouped GEMM whose experts' weights cost ``miss_s`` each when not cached (a cache that keeps every
+    expert a pass read until ``flush``), plus 1 us per token: what a skewed pass leaves cached makes the
+    uniform pass after it cheaper than from cold."""
+
+    def __init__(self, miss_s: float) -> None:
+        super().__init__(lambda ls: 0.0)
+        self.miss_s, self.cached, self.flushes = miss_s, set(), 0
+
+    def flush(self) -> None:
+        self.cached.clear()
+        self.flushes += 1
+
+    def __call__(self, a, b, offs) -> None:
+        ends = offs.tolist()
+        ls = [e - s for s, e in zip([0, *ends[:-1]], ends)]
+        busy = {(id(b), i) for i, n in enumerate(ls) if n}
+        self.now += len(busy - self.cached) * self.miss_s + sum(ls) * 1e-6
+        self.cached |= busy
+        self.calls.append(tuple(ls))
+
+
+def test_each_pass_starts_from_cold_caches_as_the_steps_grouped_gemms_do():
+    ss = rc.sites(_plan([[5, 1, 0, 0]]), _plan([[2, 2, 1, 1]]))  # 2 busy experts against 4, 6 tokens each
+    cold = (2 - 4) * 10e-6  # the step's change: two experts' weights fewer from memory, the tokens alike
+    g = CachedGemm(10e-6)
+    pred = rc.predict(ss, rc.time_sites(ss, "cpu", clock=g.clock, run=g, min_rounds=8, flush=g.flush))
+    assert g.flushes == len(g.calls) == 2 * (2 + 8)  # one flush before every pass, warm-up included
+    assert pred.delta_s == pytest.approx(cold) and pred.low_s == pytest.approx(cold) == pytest.approx(pred.high_s)
+    # back to back, the uniform pass after a skewed one finds its busy experts cached: the change reads short
+    g = CachedGemm(10e-6)
+    warm = rc.predict(ss, rc.time_sites(ss, "cpu", clock=g.clock, run=g, min_rounds=8, rel_half_width=1.0))
+    assert abs(warm.delta_s) < abs(cold) * 0.75
+
+
+def test_llc_bytes_is_the_highest_level_data_or_unified_cache(tmp_path):
+    def index(i, level, kind, size):
+        d = tmp_path / f"index{i}"
+        d.mkdir()
+        for name, v in (("level", level), ("type", kind), ("size", size)):
+            (d / name).write_text(f"{v}\n")
+
+    assert rc.llc_bytes("cpu", str(tmp_path)) is None  # nothing listed: unknown
+    index(0, 1, "Data", "32K")
+    index(1, 1, "Instruction", "64K")
+    assert rc.llc_bytes("cpu", str(tmp_path)) == 32 << 10
+    index(2, 2, "Unified", "512K")
+    index(3, 3, "Instruction", "1G")  # not a data cache
+    index(4, 3, "Unified", "bogus")  # unreadable: skipped
+    assert rc.llc_bytes("cpu", str(tmp_path)) == 512 << 10
+    index(5, 3, "Unified", "32768K")
+    assert rc.llc_bytes("cpu", str(tmp_path)) == 32 << 20
+
+
+def test_the_flush_reads_and_writes_a_multiple_of_the_cache():
+    flush, nbytes = rc.cache_flusher("cpu", llc=1 << 16)
+    assert nbytes == rc.FLUSH_CAPACITIES << 16 and flush.buffer.numel() * 4 == nbytes
+    flush()
+    flush()
+    assert bool((flush.buffer == 2).all())  # every element read and written by every flush
+    flush, nbytes = rc.cache_flusher("cpu", llc=0)  # unknown: nothing flushed, and the rows say so
+    assert nbytes == 0 and flush() is None
+    _, r = _rows((1.10, 1.095, 1.105), flush_bytes=0)
+    assert "none flushed" in r["routing_skew_predicted_ratio"]["detail"]
+    s, r = _rows((1.10, 1.095, 1.105), flush_bytes=128 << 20)
+    assert "cold caches" in r["routing_skew_predicted_ratio"]["detail"] and s["flush_bytes"] == 128 << 20
+
+
 @pytest.mark.parametrize("pred, meas, floor, want", [
     ((1.10, 1.20), (1.12, 1.18), 0.0, "pass"),  # inside: the amount and the direction
     ((1.10, 1.20), (1.01, 1.05), 0.0, "fail"),  # the right direction, not the predicted amount
@@ -170,11 +238,12 @@ def test_verdict_laws(p, m, f):
         assert rc.verdict(plo, phi, mlo, mhi, f + 0.05) != "fail"
 
 
-def _rows(measured, replayed_ok=True, null=(1.0, 1.0, 1.0), delta_s=10e-3, unc_s=1e-3):
+def _rows(measured, replayed_ok=True, null=(1.0, 1.0, 1.0), delta_s=10e-3, unc_s=1e-3, flush_bytes=0):
     res = Results(RunContext(device="cpu", device_name="test", torch_version="x"), "replay")
     pred = rc.Prediction(delta_s, delta_s - unc_s, delta_s + unc_s, 40, 8, 32)  # +10 ms +-1 on a 100 ms step
     s = rows(res, "llama4/small/infer [skewed:4 vs uniform]", pred, 0.1, *measured, null=null, rounds=40, threads=1,
-             load=([1.0], [1.0]), replayed_ok=replayed_ok, repro="mystique replay B --against A -o OUT")
+             load=([1.0], [1.0]), replayed_ok=replayed_ok, repro="mystique replay B --against A -o OUT",
+             flush_bytes=flush_bytes)
     return s, {r["check"]: r for r in res.rows}
 
 

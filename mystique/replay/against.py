@@ -3,11 +3,14 @@
 Two benchmarks that differ only in their routing (``generate --routing``) run the same ops on the same
 shapes except for their grouped GEMMs' group sizes. Here:
 
-1. the prediction is made first (:mod:`.routing_cost`): the pinned grouped GEMMs whose loads move,
-   on the step's operand layouts, timed with each routing's loads in paired ABBA rounds with the thread
-   count the rounds will use: the median pass difference is the predicted change of the step (seconds),
+1. the prediction (:mod:`.routing_cost`): the pinned grouped GEMMs whose loads move, on the step's
+   operand layouts, one pass with each routing's loads from cold caches, a pair of passes (ABBA over
+   the rounds) after each measured round of 2., so that the prediction and the measurement see one state
+   of the host (issue 34: timed in a phase of their own before the rounds, the same passes read -6.4 ms
+   on a quiet host and -8.8 to -12.5 ms beside other processes, while the grouped GEMMs inside the step
+   moved -7.6 to -9.2 ms): the median pass difference is the predicted change of the step (seconds),
    with its 95% interval;
-2. then the benchmarks are timed in rotated rounds in this process (:mod:`.against_rounds`):
+2. the benchmarks are timed in rotated rounds in this process (:mod:`.against_rounds`):
    ``EXECUTORS`` executors of each plan, rotated so that no one executor's placement in memory biases
    the median, and a *null*, as many more executors of BASE in the same rounds: the median ratios
    BENCH / BASE and NULL / BASE with their 95% intervals;
@@ -81,20 +84,24 @@ def replay_against(source: str | os.PathLike, base: str | os.PathLike, out_dir: 
         threads_note = busy_host_threads(target, threads, prog.note)  # the prediction and the rounds alike
         with steady_host_allocator() if dev.type == "cpu" else contextlib.nullcontext():
             moved = [x for x in ss if x.moved]
-            prog.note(f"predicting: {len(moved)} of {len(ss)} grouped GEMMs move; timing them with each routing's "
-                      "loads in paired rounds")
-            paired = routing_cost.time_sites(ss, target.device, sync=sync, time_cap_s=max(5.0, time_cap / 4))
-            pred = routing_cost.predict(ss, paired)
-            prog.note(f"predicted change {pred.delta_s * 1e3:+.3f} ms [{pred.low_s * 1e3:+.3f}, "
-                      f"{pred.high_s * 1e3:+.3f}]; timing the two benchmarks and a null in rotated rounds "
-                      f"({EXECUTORS} executors each)")
+            flush, flush_bytes = routing_cost.cache_flusher(target.device)
+            passes = routing_cost.PairedPasses(ss, target.device, sync=sync, flush=flush)
+            passes.warm()
+            paired = routing_cost.Paired(stop="with the measured rounds")
+            prog.note(f"timing the two benchmarks and a null in rotated rounds ({EXECUTORS} executors each), and "
+                      f"in every round the prediction: the {len(moved)} of {len(ss)} grouped GEMMs that move, with "
+                      "each routing's loads")
             plans = (cand, basep, basep)
             execs = [[make_executor(pl, target.device, seed=seed, allow_ops=allow_ops) for _ in range(EXECUTORS)]
                      for pl in plans]
             for e in (e for stream in execs for e in stream):
                 e.run_iteration(probe=True)
             p = rotated_rounds([[e.run_iteration for e in stream] for stream in execs], sync=sync,
-                               half_width=half_width, time_cap_s=time_cap, min_rounds=iters, progress=prog.note)
+                               half_width=half_width, time_cap_s=time_cap, min_rounds=iters, progress=prog.note,
+                               each_round=lambda n: passes.round(n, paired) if moved else None)
+            pred = routing_cost.predict(ss, paired)
+            prog.note(f"predicted change {pred.delta_s * 1e3:+.3f} ms [{pred.low_s * 1e3:+.3f}, "
+                      f"{pred.high_s * 1e3:+.3f}]")
             routes = [routing_summary(pl, e) for pl, stream in zip(plans, execs) for e in stream]
             used_threads = torch.get_num_threads()
     finally:
@@ -108,7 +115,7 @@ def replay_against(source: str | os.PathLike, base: str | os.PathLike, out_dir: 
              + (f" --threads {threads}" if threads is not None else ""))
     replayed_ok = all(r is not None and r["replayed_equals_planned"] for r in routes)
     summary = rows(res, subject, pred, p.base_median_s(), *p.ratio("bench"), null=p.ratio("null"), rounds=p.rounds,
-                   threads=used_threads, load=(p.loadavg_start, p.loadavg_end),
+                   threads=used_threads, load=(p.loadavg_start, p.loadavg_end), flush_bytes=flush_bytes,
                    replayed_ok=replayed_ok, repro=repro)
     summary.update(source=show(source), against=show(base), sites=[s.__dict__ for s in ss],
                    prediction_rounds={"stop": paired.stop, "candidate_ms": [t * 1e3 for t in paired.candidate_s],
@@ -122,7 +129,7 @@ def replay_against(source: str | os.PathLike, base: str | os.PathLike, out_dir: 
 
 def rows(res: Results, subject: str, pred: routing_cost.Prediction, base_s: float, ratio: float, low: float,
          high: float, *, null: tuple[float, float, float], rounds: int, threads: int | None, load: Any,
-         replayed_ok: bool, repro: str) -> dict[str, Any]:
+         replayed_ok: bool, repro: str, flush_bytes: int = 0) -> dict[str, Any]:
     """The four rows (module docstring) from the prediction, the measured ratio and the null's; the summary's figures."""
     pr, plo, phi = pred.ratio(base_s)
     res.add("routing_skew_predicted_ratio", subject, "ratio", pr, low=plo, high=phi, status="info",
@@ -130,9 +137,9 @@ def rows(res: Results, subject: str, pred: routing_cost.Prediction, base_s: floa
                    f"{pred.high_s * 1e3:+.3f}] ms: the median over {pred.rounds} paired ABBA rounds of one pass of the "
                    f"{pred.sites} grouped GEMMs whose loads move ({pred.groups} expert groups) with the benchmark's "
                    f"loads less one with the base's, on the step's operand shapes, strides and dtype, {threads} "
-                   "thread(s) (the grouped GEMMs' offsets are the only routing-dependent inputs of the replayed "
-                   f"step); over the base benchmark's median step {base_s * 1e3:.3f} ms; predicted before the "
-                   "benchmarks were timed")
+                   f"thread(s), {_cold(flush_bytes)} (the grouped GEMMs' offsets are the only routing-dependent inputs of the replayed "
+                   f"step); over the base benchmark's median step {base_s * 1e3:.3f} ms; one pair of passes after "
+                   "each measured round, so that the prediction and the measurement see one state of the host")
     how = (f"{rounds} rounds in this process, {EXECUTORS} executors of each plan rotated (each stream its next every round) and the "
            f"three streams in every order in turn; load average {load[0]} -> {load[1]}")
     res.add("routing_skew_measured_ratio", subject, "ratio", ratio, low=low, high=high, status="info",
@@ -160,14 +167,22 @@ def rows(res: Results, subject: str, pred: routing_cost.Prediction, base_s: floa
                    "predicted interval does) and the amount is (the measured interval lies inside the predicted one "
                    f"widened by the floor, [{plo - f:.4f}, {phi + f:.4f}]), or no load moved and the widened interval "
                    "holds 1; else inconclusive (a change smaller than the floor, a measurement too wide to place, or "
-                   "a prediction that does not say which way); the model leaves out the step's context (the other "
-                   "ops between two grouped GEMMs, and what each leaves in cache for the next)"
+                   "a prediction that does not say which way); the model leaves out the other ops between two grouped "
+                   "GEMMs (their change, measured in the step, is within the measurement's resolution)"
                    + ("" if status == "pass" else f"; reproduce: {repro}"))
     return {"predicted_ratio": pr, "predicted_low": plo, "predicted_high": phi, "predicted_delta_ms": pred.delta_s * 1e3,
             "predicted_low_ms": pred.low_s * 1e3,
             "predicted_high_ms": pred.high_s * 1e3, "base_step_ms": base_s * 1e3, "measured_ratio": ratio,
             "measured_low": low, "measured_high": high, "null_ratio": nr, "null_low": nlo, "null_high": nhi,
-            "floor": f, "rounds": rounds, "verdict": status, "threads": threads}
+            "floor": f, "rounds": rounds, "verdict": status, "threads": threads, "flush_bytes": flush_bytes}
+
+
+def _cold(flush_bytes: int) -> str:
+    """How the prediction's passes started (routing_cost.cache_flusher)."""
+    if flush_bytes:
+        return (f"each pass from cold caches as in the step ({flush_bytes / 2**20:.0f} MiB read and written "
+                "before it, untimed)")
+    return "the passes back to back (the last-level cache's size unknown: none flushed)"
 
 
 __all__ = ["replay_against", "rows"]

@@ -100,9 +100,12 @@ def _pick(r: int, stream: int, k: int) -> int:
 def rotated_rounds(streams: Sequence[Sequence[Callable[[], Any]]], *, sync: Callable[[], None] = lambda: None,
                    clock: Callable[[], float] = time.perf_counter, half_width: float = 0.025,
                    time_cap_s: float = 60.0, min_rounds: int = 12, window: int = 5, stable_tol: float = 0.05,
-                   progress: Callable[[str], None] | None = None) -> Rotated:
+                   progress: Callable[[str], None] | None = None,
+                   each_round: Callable[[int], None] | None = None) -> Rotated:
     """Time ``streams`` (BENCH, BASE, NULL: ``k`` callables each, one per executor) as the module
-    docstring says; ``clock`` gives seconds (injected by tests)."""
+    docstring says; ``clock`` gives seconds (injected by tests). ``each_round(n)`` runs after every measured
+    round ``n`` (outside the streams' times): work that must see the same state of the host as the rounds
+    (``replay --against``'s prediction); the rotation puts each stream first after it equally often."""
     if len(streams) != 3 or len({len(s) for s in streams}) != 1 or not streams[0]:
         raise ValueError("rotated_rounds takes three streams of as many executors each")
     if half_width <= 0 or time_cap_s <= 0:
@@ -146,6 +149,8 @@ def rotated_rounds(streams: Sequence[Sequence[Callable[[], Any]]], *, sync: Call
     n = 0
     while True:
         one(n, out)
+        if each_round is not None:
+            each_round(n)
         n += 1
         now = clock()
         if n >= min_rounds and out.half_width() <= half_width:

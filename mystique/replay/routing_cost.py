@@ -29,9 +29,28 @@ median over rounds of the pass difference, with the distribution-free 95% interv
 host's drift and load touch both passes of a round alike and cancel in the difference, which two
 independent timings' half-widths summed (this model's first form: ±4% of a Llama 4 small step) do not.
 
-What it leaves out is the step's context: in the step the other ops run between two grouped GEMMs
-(their operands may be evicted; a skewed GEMM reads fewer experts' weights and may evict less of the
-next op's data). The check reports that rather than widening a tolerance.
+Two things make the passes' context the step's:
+
+* *cold caches.* Between two calls of one site in the step the rest of the step runs, streaming the
+  plan's parameters and activations (Llama 4 small-128e: 112 MB of weights in inference, about four
+  times that with gradients and Adam's moments), more than a last-level cache holds, and ``replay
+  --against`` runs other executors' steps between two of one executor's: a site's expert weights come
+  from memory. Back-to-back passes need not: a skewed pass reads only its busy experts' weights (41 of
+  128 under ``skewed:2``, 31 MB of infer's 96 MB), which a 32 MB L3 may still hold for the uniform pass
+  after it (three rounds in four, ABBA), making the uniform pass cheaper than in the step and the
+  change short. :func:`cache_flusher` reads and writes :data:`FLUSH_CAPACITIES` times the last-level
+  cache before every pass (untimed). Measured beside other processes (issue 34) this moved the
+  prediction by -0.6 ms (infer) and -0.4 ms (train), within its interval; a neighbour's traffic
+  already evicts much of the L3 there;
+* *one state of the host.* Timed in a phase of its own before the measured rounds, the prediction read
+  -6.4 ms on a quiet host and -8.8 to -12.5 ms beside other processes, while the grouped GEMMs timed
+  inside the step moved -7.6 to -9.2 ms (infer, per-op times of 30-40 paired rounds): the phase's host
+  state, not the loads, set much of the number. ``replay --against`` therefore runs one pair of passes
+  (:class:`PairedPasses`) after each of its measured rounds.
+
+The ops between two grouped GEMMs are left out: inside the step they moved by less than the
+measurement resolves (issue 34, infer, per-op times of 40 paired rounds: grouped GEMMs -7.9 ms
+[-9.4, -7.2], all other ops -0.8 ms [-2.3, +0.4] of a 111 ms step).
 """
 
 from __future__ import annotations
@@ -49,6 +68,59 @@ from .runtime.format import contiguous_strides
 
 #: how each pinned grouped GEMM groups its operands, from the ranks of (mat_a, mat_b)
 LAYOUTS = {(2, 3): "rows", (2, 2): "inner", (3, 2): "cols"}
+
+#: a flush writes this many times the last-level cache: under LRU replacement one capacity evicts every
+#: older line; under random replacement a line survives n fresh lines written into a cache of C lines with
+#: probability (1 - 1/C)^n ~ e^(-n/C), so four capacities leave under 2% of what a pass left behind
+FLUSH_CAPACITIES = 4
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+
+def llc_bytes(device: Any = "cpu", cache_dir: str = "/sys/devices/system/cpu/cpu0/cache") -> int | None:
+    """The last-level cache of ``device`` in bytes: a CUDA device's L2, or the highest-level data or
+    unified cache that Linux lists for CPU 0 (``cache_dir``: sysfs, injected by tests); None where unknown."""
+    import glob
+    import os
+
+    import torch
+
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        return int(getattr(torch.cuda.get_device_properties(dev), "L2_cache_size", 0)) or None
+    best: tuple[int, int] | None = None
+    for d in glob.glob(os.path.join(cache_dir, "index*")):
+        try:
+            with open(os.path.join(d, "level")) as f:
+                level = int(f.read())
+            with open(os.path.join(d, "type")) as f:
+                kind = f.read().strip()
+            with open(os.path.join(d, "size")) as f:
+                size = f.read().strip().upper()
+        except (OSError, ValueError):
+            continue
+        unit = size[-1] if size[-1:] in ("K", "M", "G") else ""
+        if kind in ("Data", "Unified") and size.rstrip("KMG").isdigit():
+            cand = (level, int(size.rstrip("KMG")) * _UNITS[unit])
+            best = cand if best is None or cand > best else best
+    return best[1] if best else None
+
+
+def cache_flusher(device: Any = "cpu", llc: int | None = None) -> tuple[Callable[[], None], int]:
+    """``(flush, bytes)``: ``flush()`` reads and writes a buffer of :data:`FLUSH_CAPACITIES` times the
+    last-level cache (``llc``, else :func:`llc_bytes`) on ``device``, so that the next pass finds none of its
+    operands cached (module docstring); a no-op and 0 bytes where the cache's size is unknown."""
+    import torch
+
+    llc = llc if llc is not None else llc_bytes(device)
+    if not llc:
+        return (lambda: None), 0
+    buf = torch.zeros(FLUSH_CAPACITIES * llc // 4, dtype=torch.float32, device=torch.device(device))
+
+    def flush() -> None:
+        buf.add_(1.0)  # a read and a write of every line: through the cache, unlike a streaming store
+
+    flush.buffer = buf  # type: ignore[attr-defined]
+    return flush, buf.numel() * 4
 
 
 @dataclass(frozen=True)
@@ -161,52 +233,75 @@ class Paired:
         return [c - b for c, b in zip(self.candidate_s, self.base_s)]
 
 
+class PairedPasses:
+    """The moved sites' grouped GEMMs ready to run: one pass with the candidate's group offsets and one with
+    the base's (the same operands, the step's shapes, strides and dtype, each site its own tensors as each
+    layer has its own). ``round(r)`` times the two passes of round ``r`` in ABBA order (rounds AB, BA, BA,
+    AB: the candidate first in half of them, so that a linear drift of the host touches both alike),
+    each after ``flush()`` (untimed: :func:`cache_flusher`'s, so that each pass starts from the step's cold
+    caches). ``run(a, b, offs)`` is the grouped GEMM (``torch._grouped_mm``; injected by tests with ``clock``)."""
+
+    def __init__(self, ss: list[Site], device: str, *, sync: Callable[[], None] = lambda: None,
+                 clock: Callable[[], float] = time.perf_counter, run: Callable[..., Any] | None = None,
+                 flush: Callable[[], None] = lambda: None) -> None:
+        import torch
+
+        from ..dtypes import from_name
+
+        dev = torch.device(device)
+        self.run = run or (lambda a, b, offs: torch._grouped_mm(a, b, offs=offs))
+        self.sync, self.clock, self.flush = sync, clock, flush
+        self.work = []
+        for s in (s for s in ss if s.moved):
+            dt = from_name(s.dtype)
+            a, b = (_operand(shape, strides, dt, dev) for shape, strides in s.operands)
+            ends = [[sum(ls[:i + 1]) for i in range(len(ls))] for ls in (s.candidate, s.base)]
+            self.work.append((a, b, *(torch.tensor(e, dtype=torch.int32, device=dev) for e in ends)))
+
+    def one(self, side: int) -> float:
+        """Seconds of one pass: ``side`` 0 the candidate's offsets, 1 the base's."""
+        self.flush()
+        self.sync()
+        t0 = self.clock()
+        for w in self.work:
+            self.run(w[0], w[1], w[2 + side])
+        self.sync()
+        return self.clock() - t0
+
+    def warm(self) -> None:
+        """Two untimed pairs: the operands paged in, the kernels' first-call costs paid."""
+        for _ in range(2):
+            self.one(0)
+            self.one(1)
+
+    def round(self, r: int, into: Paired) -> None:
+        """Round ``r``'s two passes, added to ``into``."""
+        if r % 4 in (0, 3):
+            c = self.one(0)
+            b = self.one(1)
+        else:
+            b = self.one(1)
+            c = self.one(0)
+        into.candidate_s.append(c)
+        into.base_s.append(b)
+
+
 def time_sites(ss: list[Site], device: str, *, sync: Callable[[], None] = lambda: None,
                clock: Callable[[], float] = time.perf_counter, min_rounds: int = 21, rel_half_width: float = 0.1,
-               time_cap_s: float = 15.0, run: Callable[..., Any] | None = None) -> Paired:
-    """The paired rounds of :func:`predict`: per round one pass of the moved sites' grouped GEMMs with the
-    candidate's group offsets and one with the base's (the same operands, the step's shapes, strides and
-    dtype, each site its own tensors as each layer has its own), in ABBA order so that a linear drift of
-    the host touches both alike. Rounds are added (at least ``min_rounds``) until the difference's 95%
-    half-width is within ``rel_half_width`` of its median or ``time_cap_s`` is spent. ``run(a, b, offs)``
-    is the grouped GEMM (``torch._grouped_mm``; injected by tests with ``clock``)."""
-    import torch
-
-    from ..dtypes import from_name
-
-    dev = torch.device(device)
-    if run is None:
-        run = lambda a, b, offs: torch._grouped_mm(a, b, offs=offs)  # noqa: E731
-    work = []
-    for s in (s for s in ss if s.moved):
-        dt = from_name(s.dtype)
-        a, b = (_operand(shape, strides, dt, dev) for shape, strides in s.operands)
-        ends = [[sum(ls[:i + 1]) for i in range(len(ls))] for ls in (s.candidate, s.base)]
-        work.append((a, b, *(torch.tensor(e, dtype=torch.int32, device=dev) for e in ends)))
-
-    def one(side: int) -> float:
-        sync()
-        t0 = clock()
-        for w in work:
-            run(w[0], w[1], w[2 + side])
-        sync()
-        return clock() - t0
-
+               time_cap_s: float = 15.0, run: Callable[..., Any] | None = None,
+               flush: Callable[[], None] = lambda: None) -> Paired:
+    """The paired rounds of :func:`predict` on their own (:class:`PairedPasses`, which the arguments are
+    for): rounds are added (at least ``min_rounds``) until the difference's 95% half-width is within
+    ``rel_half_width`` of its median or ``time_cap_s`` is spent. ``replay --against`` runs the rounds of
+    :class:`PairedPasses` inside its measured rounds instead, one pair a round, so that the prediction and
+    the measurement see one state of the host."""
+    passes = PairedPasses(ss, device, sync=sync, clock=clock, run=run, flush=flush)
     out = Paired()
-    for _ in range(2):  # warm-up: the operands paged in, the kernels' first-call costs paid
-        one(0)
-        one(1)
+    passes.warm()
     t0 = clock()
     r = 0
     while True:
-        if r % 4 in (0, 3):  # rounds AB, BA, BA, AB: the candidate first in half of them
-            c = one(0)
-            b = one(1)
-        else:
-            b = one(1)
-            c = one(0)
-        out.candidate_s.append(c)
-        out.base_s.append(b)
+        passes.round(r, out)
         r += 1
         if r >= min_rounds:
             d = out.differences()
@@ -261,4 +356,5 @@ def verdict(pred_lo: float, pred_hi: float, meas_lo: float, meas_hi: float, floo
     return "pass" if direction and amount else "inconclusive"
 
 
-__all__ = ["LAYOUTS", "Paired", "Prediction", "Site", "predict", "sites", "time_sites", "verdict"]
+__all__ = ["FLUSH_CAPACITIES", "LAYOUTS", "Paired", "PairedPasses", "Prediction", "Site", "cache_flusher", "llc_bytes", "predict", "sites",
+           "time_sites", "verdict"]
