@@ -238,12 +238,13 @@ def test_verdict_laws(p, m, f):
         assert rc.verdict(plo, phi, mlo, mhi, f + 0.05) != "fail"
 
 
-def _rows(measured, replayed_ok=True, null=(1.0, 1.0, 1.0), delta_s=10e-3, unc_s=1e-3, flush_bytes=0):
+def _rows(measured, replayed_ok=True, null=(1.0, 1.0, 1.0), delta_s=10e-3, unc_s=1e-3, flush_bytes=0,
+          special=(0.0, 0.0)):
     res = Results(RunContext(device="cpu", device_name="test", torch_version="x"), "replay")
     pred = rc.Prediction(delta_s, delta_s - unc_s, delta_s + unc_s, 40, 8, 32)  # +10 ms +-1 on a 100 ms step
     s = rows(res, "llama4/small/infer [skewed:4 vs uniform]", pred, 0.1, *measured, null=null, rounds=40, threads=1,
              load=([1.0], [1.0]), replayed_ok=replayed_ok, repro="mystique replay B --against A -o OUT",
-             flush_bytes=flush_bytes)
+             flush_bytes=flush_bytes, special=special)
     return s, {r["check"]: r for r in res.rows}
 
 
@@ -264,6 +265,25 @@ def test_the_check_fails_when_the_step_moves_otherwise_than_predicted():
     assert r["routing_skew_prediction_error"]["status"] == "pass"
     _, r = _rows((1.10, 1.095, 1.105), replayed_ok=False)
     assert r["routing_skew_prediction_error"]["status"] == "error"
+
+
+def test_state_with_special_values_is_counted_once_per_storage():
+    import torch
+
+    from mystique.replay.against import special_fraction
+
+    x = torch.tensor([1.0, math.inf, math.nan, 1e-40, 0.0, 2.0, -math.inf, 3.0])  # 1e-40: subnormal in fp32
+    ex = SimpleNamespace(_external={0: x, 1: x.view(8), 2: torch.arange(4), 3: torch.ones(8, dtype=torch.float64)})
+    assert special_fraction(ex) == pytest.approx(4 / 16)  # x once (its view is the same storage), the ints left out
+    assert special_fraction(SimpleNamespace(_external={})) == 0.0
+
+
+def test_a_replayed_state_of_special_values_makes_the_comparison_an_error():
+    s, r = _rows((1.10, 1.095, 1.105))  # a pass without special values
+    assert r["routing_skew_special_values"]["status"] == "pass" and s["verdict"] == "pass"
+    s, r = _rows((1.10, 1.095, 1.105), special=(0.0, 0.3))  # the base's Adam moments overflowed
+    assert r["routing_skew_special_values"]["status"] == "fail" and r["routing_skew_special_values"]["value"] == 0.3
+    assert s["verdict"] == "error" and "inf, NaN or subnormal" in r["routing_skew_prediction_error"]["detail"]
 
 
 @pytest.mark.parametrize("measured, null, want", [

@@ -23,7 +23,9 @@ shapes except for their grouped GEMMs' group sizes. Here:
    interval against the widened measured one (fail when disjoint: the step moved otherwise than its
    expert loads predict, by more than the measurement, the model and two executors of one plan can
    differ; inconclusive when a predicted change is not resolved beyond the floor). A side whose
-   replayed loads are not its planned ones makes the check an ``error``. ``routing_skew.json`` keeps
+   replayed loads are not its planned ones makes the check an ``error``; so does a state holding inf,
+   NaN or subnormal values after the rounds (the check ``routing_skew_special_values``, fail when any:
+   :func:`special_fraction`), whose arithmetic costs a CPU by how many there are, not by the loads. ``routing_skew.json`` keeps
    the sites, the prediction's paired rounds and the rounds.
 """
 
@@ -114,9 +116,10 @@ def replay_against(source: str | os.PathLike, base: str | os.PathLike, out_dir: 
     repro = (f"mystique replay {show(source)} --against {show(base)} -o OUT --device {device} --seed {seed}"
              + (f" --threads {threads}" if threads is not None else ""))
     replayed_ok = all(r is not None and r["replayed_equals_planned"] for r in routes)
+    special = tuple(max(special_fraction(e) for e in stream) for stream in execs[:2])
     summary = rows(res, subject, pred, p.base_median_s(), *p.ratio("bench"), null=p.ratio("null"), rounds=p.rounds,
                    threads=used_threads, load=(p.loadavg_start, p.loadavg_end), flush_bytes=flush_bytes,
-                   replayed_ok=replayed_ok, repro=repro)
+                   replayed_ok=replayed_ok, repro=repro, special=special)
     summary.update(source=show(source), against=show(base), sites=[s.__dict__ for s in ss],
                    prediction_rounds={"stop": paired.stop, "candidate_ms": [t * 1e3 for t in paired.candidate_s],
                                       "base_ms": [t * 1e3 for t in paired.base_s]},
@@ -129,7 +132,8 @@ def replay_against(source: str | os.PathLike, base: str | os.PathLike, out_dir: 
 
 def rows(res: Results, subject: str, pred: routing_cost.Prediction, base_s: float, ratio: float, low: float,
          high: float, *, null: tuple[float, float, float], rounds: int, threads: int | None, load: Any,
-         replayed_ok: bool, repro: str, flush_bytes: int = 0) -> dict[str, Any]:
+         replayed_ok: bool, repro: str, flush_bytes: int = 0,
+         special: tuple[float, float] = (0.0, 0.0)) -> dict[str, Any]:
     """The four rows (module docstring) from the prediction, the measured ratio and the null's; the summary's figures."""
     pr, plo, phi = pred.ratio(base_s)
     res.add("routing_skew_predicted_ratio", subject, "ratio", pr, low=plo, high=phi, status="info",
@@ -152,9 +156,22 @@ def rows(res: Results, subject: str, pred: routing_cost.Prediction, base_s: floa
                    "two sets of executors of one plan, differing only in where their tensors sit, read here now)")
     wlo, whi = low - f, high + f
     err, elo, ehi = ratio - pr, wlo - phi, whi - plo
-    status = routing_cost.verdict(plo, phi, low, high, f) if replayed_ok else "error"
+    sx = max(special)
+    res.add("routing_skew_special_values", subject, "fraction", sx, threshold=0.0,
+            status="fail" if sx > 0 else "pass",
+            detail=f"inf, NaN or subnormal elements among the floating state tensors (parameters, gradients, "
+                   f"optimizer moments: the plan's external tensors) after the rounds: {special[0]:.2%} of the "
+                   f"benchmark's, {special[1]:.2%} of the base's (the largest over each plan's executors); fail when "
+                   "any: a CPU's arithmetic on them takes microcode assists, so the step's time then follows how many "
+                   "there are, which the routing changes (issue 34, train small-128e skewed:2 against uniform: the "
+                   "replayed step's in-place updates drive Adam's second moments to inf, 99% of a uniform expert "
+                   "tensor against 30% of a skewed one whose idle experts get no gradient; their sqrt took 17.2 "
+                   "against 5.7 ms) and a real step's values do not")
+    status = routing_cost.verdict(plo, phi, low, high, f) if replayed_ok and not sx else "error"
     why = ("" if replayed_ok else "a side's replayed tokens per expert differ from its planned ones: the comparison "
            "is not the one planned; ")
+    why += ("" if not sx else f"the replayed state holds inf, NaN or subnormal values ({sx:.2%}, "
+            "routing_skew_special_values): the step's time follows them as well as the loads; ")
     res.add("routing_skew_prediction_error", subject, "ratio_difference", err, low=elo, high=ehi, threshold=0.0,
             status=status,
             detail=f"{why}measured - predicted ratio {err:+.4f}, interval [{elo:+.4f}, {ehi:+.4f}] (measured "
@@ -174,7 +191,27 @@ def rows(res: Results, subject: str, pred: routing_cost.Prediction, base_s: floa
             "predicted_low_ms": pred.low_s * 1e3,
             "predicted_high_ms": pred.high_s * 1e3, "base_step_ms": base_s * 1e3, "measured_ratio": ratio,
             "measured_low": low, "measured_high": high, "null_ratio": nr, "null_low": nlo, "null_high": nhi,
-            "floor": f, "rounds": rounds, "verdict": status, "threads": threads, "flush_bytes": flush_bytes}
+            "floor": f, "rounds": rounds, "verdict": status, "threads": threads, "flush_bytes": flush_bytes,
+            "special_fraction": list(special)}
+
+
+def special_fraction(executor: Any) -> float:
+    """The fraction of the elements of ``executor``'s floating external tensors (its plan's inputs and state:
+    parameters, gradients, optimizer moments, which the replayed step updates in place) that are inf, NaN or
+    subnormal; each storage counted once."""
+    seen, bad, total = set(), 0, 0
+    for t in getattr(executor, "_external", {}).values():
+        if not (isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel()):
+            continue
+        key = (t.data_ptr(), t.numel(), t.stride())
+        if key in seen:
+            continue
+        seen.add(key)
+        x = t.detach()
+        tiny = torch.finfo(x.dtype).tiny
+        bad += int((~torch.isfinite(x)).sum()) + int(((x != 0) & (x.abs() < tiny)).sum())
+        total += x.numel()
+    return bad / total if total else 0.0
 
 
 def _cold(flush_bytes: int) -> str:
