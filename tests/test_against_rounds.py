@@ -97,10 +97,15 @@ def test_the_prediction_runs_after_every_measured_round_under_that_rounds_host()
         if n == 9:
             slow["f"] = 2.0
 
-    p = rotated_rounds(streams, clock=dev.clock, half_width=1e-9, time_cap_s=1e9, min_rounds=20, each_round=each_round)
+    after = []
+    p = rotated_rounds(streams, clock=dev.clock, half_width=1e-9, time_cap_s=1e9, min_rounds=20, each_round=each_round,
+                       after_round=lambda r: after.append((r, dev.calls[-3:])))
     assert [n for n, _ in seen] == list(range(p.rounds)) and p.rounds == 20
-    measured = dev.calls[3 * p.warmup_rounds:]  # none during the warm-up; after each round's three streams
+    measured = [c for c in dev.calls[3 * p.warmup_rounds:]]  # none during the warm-up; after each round's streams
     assert all(measured[4 * n + 3] == f"P{n}" and not measured[4 * n + 2].startswith("P") for n in range(p.rounds))
+    # after_round follows every round, warm-up included, once its executors (r % k of each stream) ran
+    assert [r for r, _ in after] == list(range(p.warmup_rounds)) + list(range(p.rounds))
+    assert all(sorted(int(c[1:]) for c in calls) == [r % 2] * 3 for r, calls in after)
     assert [f for _, f in seen].count(2.0) == 10 and p.ratio("bench")[0] == pytest.approx(1.1)
 
 

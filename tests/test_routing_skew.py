@@ -278,6 +278,26 @@ def test_state_with_special_values_is_counted_once_per_storage():
     assert special_fraction(SimpleNamespace(_external={})) == 0.0
 
 
+def test_the_state_a_step_changed_is_put_back_and_nothing_else_is_copied():
+    import torch
+
+    from mystique.replay.against import StateRestore
+
+    moment, weight = torch.full((4,), 0.5), torch.ones(3)
+    ex = SimpleNamespace(_external={0: moment, 1: weight, 2: moment.view(4), 3: torch.arange(3)})
+    st = StateRestore(ex)
+    for _ in range(3):  # a replayed step re-applying its in-place update to its own result: it drifts, to inf
+        moment.mul_(1e20)
+    assert not moment.isfinite().all()
+    st()
+    assert bool((moment == 0.5).all()) and bool((weight == 1).all())
+    assert st.bytes == 16  # the moment only: the weight did not change, so it is no longer copied
+    moment.mul_(1e20)
+    st()
+    assert bool((moment == 0.5).all())
+    assert StateRestore(SimpleNamespace(_external={0: weight})).bytes == 12  # before its first call: all kept
+
+
 def test_a_replayed_state_of_special_values_makes_the_comparison_an_error():
     s, r = _rows((1.10, 1.095, 1.105))  # a pass without special values
     assert r["routing_skew_special_values"]["status"] == "pass" and s["verdict"] == "pass"

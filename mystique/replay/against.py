@@ -12,7 +12,8 @@ shapes except for their grouped GEMMs' group sizes. Here:
    with its 95% interval;
 2. the benchmarks are timed in rotated rounds in this process (:mod:`.against_rounds`):
    ``EXECUTORS`` executors of each plan, rotated so that no one executor's placement in memory biases
-   the median, and a *null*, as many more executors of BASE in the same rounds: the median ratios
+   the median, and a *null*, as many more executors of BASE in the same rounds; after every round the
+   state the round's executors changed is put back, untimed (:class:`StateRestore`): the median ratios
    BENCH / BASE and NULL / BASE with their 95% intervals;
 3. rows (suite ``replay``): ``routing_skew_predicted_ratio`` (info: 1 + predicted change / BASE's median
    step, with the interval the paired rounds give), ``routing_skew_measured_ratio`` (info),
@@ -96,11 +97,20 @@ def replay_against(source: str | os.PathLike, base: str | os.PathLike, out_dir: 
             plans = (cand, basep, basep)
             execs = [[make_executor(pl, target.device, seed=seed, allow_ops=allow_ops) for _ in range(EXECUTORS)]
                      for pl in plans]
+            states = [[StateRestore(e) for e in stream] for stream in execs]
             for e in (e for stream in execs for e in stream):
                 e.run_iteration(probe=True)
+            for st in (st for stream in states for st in stream):
+                st()
+
+            def restore(r: int) -> None:
+                for stream in states:
+                    stream[r % EXECUTORS]()
+
             p = rotated_rounds([[e.run_iteration for e in stream] for stream in execs], sync=sync,
                                half_width=half_width, time_cap_s=time_cap, min_rounds=iters, progress=prog.note,
-                               each_round=lambda n: passes.round(n, paired) if moved else None)
+                               each_round=lambda n: passes.round(n, paired) if moved else None, after_round=restore)
+            restored = max(st.bytes for stream in states for st in stream)
             pred = routing_cost.predict(ss, paired)
             prog.note(f"predicted change {pred.delta_s * 1e3:+.3f} ms [{pred.low_s * 1e3:+.3f}, "
                       f"{pred.high_s * 1e3:+.3f}]")
@@ -119,6 +129,7 @@ def replay_against(source: str | os.PathLike, base: str | os.PathLike, out_dir: 
     special = tuple(max(special_fraction(e) for e in stream) for stream in execs[:2])
     summary = rows(res, subject, pred, p.base_median_s(), *p.ratio("bench"), null=p.ratio("null"), rounds=p.rounds,
                    threads=used_threads, load=(p.loadavg_start, p.loadavg_end), flush_bytes=flush_bytes,
+                   restored_bytes=restored,
                    replayed_ok=replayed_ok, repro=repro, special=special)
     summary.update(source=show(source), against=show(base), sites=[s.__dict__ for s in ss],
                    prediction_rounds={"stop": paired.stop, "candidate_ms": [t * 1e3 for t in paired.candidate_s],
@@ -133,7 +144,7 @@ def replay_against(source: str | os.PathLike, base: str | os.PathLike, out_dir: 
 def rows(res: Results, subject: str, pred: routing_cost.Prediction, base_s: float, ratio: float, low: float,
          high: float, *, null: tuple[float, float, float], rounds: int, threads: int | None, load: Any,
          replayed_ok: bool, repro: str, flush_bytes: int = 0,
-         special: tuple[float, float] = (0.0, 0.0)) -> dict[str, Any]:
+         special: tuple[float, float] = (0.0, 0.0), restored_bytes: int = 0) -> dict[str, Any]:
     """The four rows (module docstring) from the prediction, the measured ratio and the null's; the summary's figures."""
     pr, plo, phi = pred.ratio(base_s)
     res.add("routing_skew_predicted_ratio", subject, "ratio", pr, low=plo, high=phi, status="info",
@@ -145,7 +156,10 @@ def rows(res: Results, subject: str, pred: routing_cost.Prediction, base_s: floa
                    f"step); over the base benchmark's median step {base_s * 1e3:.3f} ms; one pair of passes after "
                    "each measured round, so that the prediction and the measurement see one state of the host")
     how = (f"{rounds} rounds in this process, {EXECUTORS} executors of each plan rotated (each stream its next every round) and the "
-           f"three streams in every order in turn; load average {load[0]} -> {load[1]}")
+           f"three streams in every order in turn; "
+           + (f"after each step the {restored_bytes / 2**20:.0f} MiB of state it changed put back, untimed (StateRestore); "
+              if restored_bytes else "no state changed by a step (none put back); ")
+           + f"load average {load[0]} -> {load[1]}")
     res.add("routing_skew_measured_ratio", subject, "ratio", ratio, low=low, high=high, status="info",
             detail=f"median ratio benchmark / base of {how}; 95% interval [{low:.4f}, {high:.4f}]")
     nr, nlo, nhi = null
@@ -192,21 +206,57 @@ def rows(res: Results, subject: str, pred: routing_cost.Prediction, base_s: floa
             "predicted_high_ms": pred.high_s * 1e3, "base_step_ms": base_s * 1e3, "measured_ratio": ratio,
             "measured_low": low, "measured_high": high, "null_ratio": nr, "null_low": nlo, "null_high": nhi,
             "floor": f, "rounds": rounds, "verdict": status, "threads": threads, "flush_bytes": flush_bytes,
-            "special_fraction": list(special)}
+            "special_fraction": list(special), "restored_bytes": restored_bytes}
+
+
+class StateRestore:
+    """Puts back the floating external tensors (inputs and state: parameters, gradients, optimizer moments)
+    of one executor that its step changes, as they were when this was made (before the probe): calling it
+    after each of the executor's timed steps, untimed, makes every timed step run the captured step on the
+    plan's state, as a real step runs on a state the previous steps kept in range. Without it a replayed
+    training step re-applies its in-place updates to its own results, and the state drifts (issue 34:
+    Llama 4 small-128e train, Adam's second moments overflow to inf within 15 iterations, by how much
+    depending on the routing; :func:`special_fraction`). The first call keeps only the tensors that changed
+    (an inference step changes none: nothing is copied); ``bytes`` is what each call copies."""
+
+    def __init__(self, executor: Any) -> None:
+        self.pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.checked = False
+        for t in _floating_external(executor):
+            self.pairs.append((t, t.detach().clone()))
+
+    @property
+    def bytes(self) -> int:
+        return sum(s.numel() * s.element_size() for _, s in self.pairs)
+
+    def __call__(self) -> None:
+        with torch.no_grad():
+            if not self.checked:  # NaN != NaN: a tensor that became NaN counts as changed
+                self.pairs = [(t, s) for t, s in self.pairs if not torch.equal(t, s)]
+                self.checked = True
+            for t, s in self.pairs:
+                t.copy_(s)
+
+
+def _floating_external(executor: Any) -> list[torch.Tensor]:
+    """``executor``'s floating external tensors, each storage view once."""
+    seen, out = set(), []
+    for t in getattr(executor, "_external", {}).values():
+        if not (isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel()):
+            continue
+        key = (t.data_ptr(), t.numel(), t.stride())
+        if key not in seen:
+            seen.add(key)
+            out.append(t)
+    return out
 
 
 def special_fraction(executor: Any) -> float:
     """The fraction of the elements of ``executor``'s floating external tensors (its plan's inputs and state:
     parameters, gradients, optimizer moments, which the replayed step updates in place) that are inf, NaN or
     subnormal; each storage counted once."""
-    seen, bad, total = set(), 0, 0
-    for t in getattr(executor, "_external", {}).values():
-        if not (isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel()):
-            continue
-        key = (t.data_ptr(), t.numel(), t.stride())
-        if key in seen:
-            continue
-        seen.add(key)
+    bad = total = 0
+    for t in _floating_external(executor):
         x = t.detach()
         tiny = torch.finfo(x.dtype).tiny
         bad += int((~torch.isfinite(x)).sum()) + int(((x != 0) & (x.abs() < tiny)).sum())

@@ -101,11 +101,15 @@ def rotated_rounds(streams: Sequence[Sequence[Callable[[], Any]]], *, sync: Call
                    clock: Callable[[], float] = time.perf_counter, half_width: float = 0.025,
                    time_cap_s: float = 60.0, min_rounds: int = 12, window: int = 5, stable_tol: float = 0.05,
                    progress: Callable[[str], None] | None = None,
-                   each_round: Callable[[int], None] | None = None) -> Rotated:
+                   each_round: Callable[[int], None] | None = None,
+                   after_round: Callable[[int], None] | None = None) -> Rotated:
     """Time ``streams`` (BENCH, BASE, NULL: ``k`` callables each, one per executor) as the module
     docstring says; ``clock`` gives seconds (injected by tests). ``each_round(n)`` runs after every measured
     round ``n`` (outside the streams' times): work that must see the same state of the host as the rounds
-    (``replay --against``'s prediction); the rotation puts each stream first after it equally often."""
+    (``replay --against``'s prediction); the rotation puts each stream first after it equally often.
+    ``after_round(r)`` runs after every round ``r``, warm-up included (counted from 0 in each phase),
+    untimed: the executors of round ``r`` are ``r % k`` of each stream (``replay --against`` puts their state
+    back there)."""
     if len(streams) != 3 or len({len(s) for s in streams}) != 1 or not streams[0]:
         raise ValueError("rotated_rounds takes three streams of as many executors each")
     if half_width <= 0 or time_cap_s <= 0:
@@ -136,6 +140,8 @@ def rotated_rounds(streams: Sequence[Sequence[Callable[[], Any]]], *, sync: Call
     while True:  # warm-up: every executor runs, then until each stream's times settle (or the cap)
         for s, t in enumerate(one(r, None)):
             warm[s].append(t)
+        if after_round is not None:
+            after_round(r)
         r += 1
         if r >= k * k and all(_settled(w, window, stable_tol) for w in warm):
             out.warmup_settled = True
@@ -149,6 +155,8 @@ def rotated_rounds(streams: Sequence[Sequence[Callable[[], Any]]], *, sync: Call
     n = 0
     while True:
         one(n, out)
+        if after_round is not None:
+            after_round(n)
         if each_round is not None:
             each_round(n)
         n += 1
