@@ -50,6 +50,8 @@ REPRODUCERS: dict[tuple[str, str], tuple[str, ...]] = {
         "tests/test_routing_skew.py::test_the_check_fails_when_the_step_moves_otherwise_than_predicted",
         # timed rounds (fake clock): a step that moves otherwise than predicted fails beyond the null's floor
         "tests/test_against_rounds.py::test_a_step_that_moves_otherwise_than_predicted_fails_beyond_the_floor",),
+    ("replay", "routing_skew_special_values"): (
+        "tests/test_routing_skew.py::test_a_replayed_state_of_special_values_makes_the_comparison_an_error",),
     ("replay", "dispatch_overhead_ratio"): (
         f"{RFAIL}::test_dispatch_overhead_ratio_fails_when_the_replay_takes_twice_the_eager_time",),
     # predict
