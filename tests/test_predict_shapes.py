@@ -10,24 +10,19 @@ import pytest
 from hyp import examples
 from hypothesis import given
 from hypothesis import strategies as st
+from test_predict_profile import _profile_csv
 
 from mystique.errors import UsageError
 from mystique.predict.graph import OpTiming
 from mystique.predict.opmodel import TensorShape, Work, gemm_dims
 from mystique.predict.whatif import Profile, op_time, priced_by_shape, read_profile, roofline_us
-from mystique.results import Results, RunContext, write_csv
+from mystique.results import Results, RunContext
 
 BERT_FFN = (1, 1024, 8192, 256)  # bert's (1024x256)(256x8192), layout nt
 F = 2.0 * 1024 * 8192 * 256
 
 
-def _csv(path, rows):
-    res = Results(RunContext(device="cpu", device_name="Some CPU", torch_version="2"), "performance")
-    for check, subject, dtype, v in rows:
-        res.add(check, subject, "tflops", v, status="info", unit="TFLOP/s", dtype=dtype)
-    res.add("memory_bandwidth", "copy", "gbps", 20.0, status="info", unit="GB/s", dtype="float32")
-    write_csv(res.frame(), path)
-    return path
+_csv = _profile_csv  # (a results.csv of GEMM rows, as validate performance writes them)
 
 
 def _ts(shape, dtype="float32", strides=None):
