@@ -167,13 +167,15 @@ def test_the_sweep_measures_each_size_and_layout_and_skips_what_would_exceed_its
 
     ran = []
 
-    def fake_gemm(dtype, n, layout, device, seed):
+    def fake_gemm(dtype, layout, dims, device, seed):
+        n = dims[1]  # (1, n, n, n)
+
         def fn():
             ran.append((n, layout))
             fake_clock.advance(1e-9 * n**3)
         return fn
 
-    monkeypatch.setattr(curve, "_layout_gemm", fake_gemm)
+    monkeypatch.setattr(curve, "layout_gemm", fake_gemm)
     target = make_target("cpu")
     res = Results(RunContext.for_target(target), "performance")
     s = {**LEVELS["quick"], "micro_budget_s": 4.0, "min_reps": 4, "gemm_sizes_cpu": (64, 128, 256, 512, 1024)}

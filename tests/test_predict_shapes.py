@@ -208,13 +208,15 @@ def test_each_shape_is_measured_in_each_dtype_until_the_budget_is_spent(fake_clo
 
     ran = []
 
-    def fake(dtype, shape, device, seed):
+    def fake(dtype, layout, dims, device, seed):
+        shape = S.GemmShape(layout, dims, 1, 0.0, "")
+
         def fn():
             ran.append((shape.subject, dtype))
             fake_clock.advance((1e-10 if dtype == torch.float32 else 1e-9) * shape.flops)
         return fn
 
-    monkeypatch.setattr(S, "_shape_gemm", fake)
+    monkeypatch.setattr(S, "layout_gemm", fake)
     big, small = S.GemmShape("nt", (1, 1000, 500, 1000), 2, 2e9, "cap"), S.GemmShape("nn", (1, 500, 500, 1000), 1, 5e8, "cap")
     ctx, res = _ctx({"gemm_shapes": [big, small], "shape_budget_s": 9.0})
     S.run_gemm_shapes(ctx, [("float32", torch.float32), ("bfloat16", torch.bfloat16)])
@@ -233,7 +235,7 @@ def test_shapes_over_the_count_or_memory_cap_are_skip_rows(fake_clock, monkeypat
     import torch
     from mystique.validators.performance import shapes as S
 
-    monkeypatch.setattr(S, "_shape_gemm", lambda dtype, shape, device, seed: lambda: fake_clock.advance(1e-3))
+    monkeypatch.setattr(S, "layout_gemm", lambda dtype, layout, dims, device, seed: lambda: fake_clock.advance(1e-3))
     shapes = [S.GemmShape("nn", (1, 8, 8, 8), 1, 1e3 - i, "cap") for i in range(3)]
     huge = S.GemmShape("nn", (1, 2**15, 2**15, 2**15), 1, 1e15, "cap")  # 12 GiB of fp32 operands
     ctx, res = _ctx({"gemm_shapes": [huge, *shapes], "shape_max": 3, "shape_max_bytes_cpu": 2 << 30})

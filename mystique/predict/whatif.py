@@ -323,10 +323,11 @@ def op_time(t: float, o: float, cls: str, w0: Work, w1: Work, n0: int, n1: int, 
     if cls in ("gemm", "attention") and w0.flops > 0:
         speed = 1.0
         if p0 is not None and p1 is not None:
-            (before, exact0), (after, exact1) = p0.gemm_rate(w0), p1.gemm_rate(_as_target(w0, w1))
+            t1 = _as_target(w0, w1)
+            (before, exact0), (after, exact1) = p0.gemm_rate(w0), p1.gemm_rate(t1)
             if exact0 != exact1:  # one side by its shape, the other by the curve: both by the curves
                 before = p0.tflops_at(w0.dtype, w0.layout, w0.unit_flops)
-                after = p1.tflops_at(w1.dtype or w0.dtype, w1.layout or w0.layout, w1.unit_flops)
+                after = p1.tflops_at(t1.dtype, t1.layout, t1.unit_flops)
             if before and after:
                 speed = before / after
         return fixed + work * (w1.flops / w0.flops) * speed
@@ -365,18 +366,18 @@ def priced_by_shape(step: Step, works: list[tuple[Work, Work]], new_ops: list[Op
     GEMMs' predicted time; '' when neither profile has such rows."""
     if not ((base is not None and base.gemm_shapes) or (target is not None and target.gemm_shapes)):
         return ""
-    both = one = 0
+    n = both = one = 0
     t_both = t_all = 0.0
     for ot, new, (w0, w1) in zip(step.ops, new_ops, works):
         if ot.cls != "gemm" or w0.flops <= 0:
             continue
+        n += 1
         hits = sum(p is not None and p.gemm_rate(w)[1] for p, w in ((base, w0), (target, _as_target(w0, w1))))
         t = new.host_us + sum(k.dur_us for k in new.kernels)
         t_all += t
         both += hits == 2
         one += hits == 1
         t_both += t if hits == 2 else 0.0
-    n = sum(1 for ot, (w0, _) in zip(step.ops, works) if ot.cls == "gemm" and w0.flops > 0)
     share = f" ({t_both / t_all:.1%} of their predicted time)" if t_all > 0 else ""
     return (f"{both} of {n} GEMMs{share} priced by their own shapes' gemm_shape rows; the rest by the curves' "
             f"interpolation in FLOPs ({one} of them had a row on one side only)")

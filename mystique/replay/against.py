@@ -45,7 +45,7 @@ from ..progress import Progress
 from ..results import Results, RunContext, write_csv
 from ..targets import make_target
 from . import routing_cost
-from .against_rounds import floor_of, rotated_rounds
+from .against_rounds import _pick, floor_of, rotated_rounds
 from .fidelity import busy_host_threads, device_sync
 from .pins import routing_summary
 from .plan import plan_from_path
@@ -103,9 +103,9 @@ def replay_against(source: str | os.PathLike, base: str | os.PathLike, out_dir: 
             for st in (st for stream in states for st in stream):
                 st()
 
-            def restore(r: int) -> None:
-                for stream in states:
-                    stream[r % EXECUTORS]()
+            def restore(r: int) -> None:  # (the executors round r ran: rotated_rounds' own pick)
+                for i, stream in enumerate(states):
+                    stream[_pick(r, i, EXECUTORS)]()
 
             p = rotated_rounds([[e.run_iteration for e in stream] for stream in execs], sync=sync,
                                half_width=half_width, time_cap_s=time_cap, min_rounds=iters, progress=prog.note,

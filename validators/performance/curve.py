@@ -30,6 +30,7 @@ import torch
 
 from . import timed as _timed
 from ._ctx import PerformanceContext
+from .shapes import layout_gemm
 from .timed import timed_calls
 
 #: the dtypes of the curves: those a tensor can have (TF32 is a mode of fp32; fp8 GEMMs are scaled
@@ -40,16 +41,6 @@ CURVE_DTYPES = ("float32", "bfloat16", "float16")
 CURVE_LAYOUTS = ("nn", "nt", "tn")
 #: the attention shape's batch, heads and head dimension (the sequence length is swept)
 SDPA_BHD = (1, 8, 64)
-
-
-def _layout_gemm(dtype: torch.dtype, n: int, layout: str, device: torch.device, seed: int) -> Callable[[], Any]:
-    """``A @ B`` of ``n x n`` operands, each read row-major (``n``) or as a transposed view (``t``), as
-    :func:`mystique.predict.opmodel.gemm_layout` names an operator's layout."""
-    g = torch.Generator().manual_seed(seed)
-    a, b = (torch.randn(n, n, generator=g).to(device=device, dtype=dtype) for _ in range(2))
-    a = a.t() if layout[0] == "t" else a
-    b = b.t() if layout[1] == "t" else b
-    return lambda: torch.mm(a, b)
 
 
 def _sdpa(dtype: torch.dtype, n: int, backward: bool, device: torch.device, seed: int) -> Callable[[], Any]:
@@ -115,7 +106,7 @@ def run_gemm_curve(ctx: PerformanceContext, label: str, dtype: torch.dtype, n_le
         ns = sorted(k for k in sizes if k <= n_level and (layout != "nn" or k != n_main))
         _sweep(ctx, "gemm_curve", label, [
             (f"gemm_{n}_{layout}", 2.0 * n**3,
-             lambda n=n, layout=layout: _layout_gemm(dtype, n, layout, device, ctx.seed),
+             lambda n=n, layout=layout: layout_gemm(dtype, layout, (1, n, n, n), device, ctx.seed),
              f"{n}x{n}x{n} {label} GEMM, layout {layout} (A@B, A {'transposed' if layout[0] == 't' else 'row-major'}, "
              f"B {'transposed' if layout[1] == 't' else 'row-major'}; 2n^3 flop)") for n in ns])
 

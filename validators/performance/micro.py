@@ -107,11 +107,10 @@ def run_gemm(ctx: PerformanceContext) -> None:
                      nominal.tflops.get(label) if nominal else None, nominal.source if nominal else "", clocks)
         if label in CURVE_DTYPES and not tf32:
             run_gemm_curve(ctx, label, dtype, n, k)
-    for label, dtype, tf32 in _gemm_cases(device):
-        if label in CURVE_DTYPES and not tf32:
-            run_attention_curve(ctx, label, dtype)
-    run_gemm_shapes(ctx, [(label, dtype) for label, dtype, tf32 in _gemm_cases(device)
-                          if label in CURVE_DTYPES and not tf32])
+    curves = [(label, dtype) for label, dtype, tf32 in _gemm_cases(device) if label in CURVE_DTYPES and not tf32]
+    for label, dtype in curves:
+        run_attention_curve(ctx, label, dtype)
+    run_gemm_shapes(ctx, curves)
 
 
 def _calls(fn: Callable[[], Any], target: Any, s: dict[str, Any], clocks: bool = True) -> tuple[Calls, str]:

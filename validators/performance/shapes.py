@@ -112,18 +112,20 @@ def read_shapes(paths: Sequence[str | os.PathLike]) -> list[GemmShape]:
     return sorted(shapes, key=lambda s: (-s.step_flops, s.subject))
 
 
-def _shape_gemm(dtype: torch.dtype, shape: GemmShape, device: torch.device, seed: int) -> Callable[[], Any]:
-    """``A @ B`` of the shape's dimensions, each operand row-major (``n``) or a transposed view (``t``) as its
-    layout names; ``torch.bmm`` for a batch of products."""
-    b, m, n, k = shape.dims
+def layout_gemm(dtype: torch.dtype, layout: str, dims: tuple[int, int, int, int], device: torch.device,
+                seed: int) -> Callable[[], Any]:
+    """``A @ B`` of ``dims`` ``(batch, M, N, K)``, each operand row-major (``n``) or a transposed view (``t``) as
+    ``layout`` names it (:func:`mystique.predict.opmodel.gemm_layout`); ``torch.bmm`` for a batch of products.
+    (The curves' square GEMMs too, :func:`.curve.run_gemm_curve`.)"""
+    b, m, n, k = dims
     g = torch.Generator().manual_seed(seed)
 
     def operand(rows: int, cols: int, transposed: bool) -> torch.Tensor:
-        dims = (cols, rows) if transposed else (rows, cols)
-        x = torch.randn((b, *dims) if b != 1 else dims, generator=g).to(device=device, dtype=dtype)
+        shape = (cols, rows) if transposed else (rows, cols)
+        x = torch.randn((b, *shape) if b != 1 else shape, generator=g).to(device=device, dtype=dtype)
         return x.transpose(-1, -2) if transposed else x
 
-    a, bb = operand(m, k, shape.layout[0] == "t"), operand(k, n, shape.layout[1] == "t")
+    a, bb = operand(m, k, layout[0] == "t"), operand(k, n, layout[1] == "t")
     mm = torch.bmm if b != 1 else torch.mm
     return lambda: mm(a, bb)
 
@@ -165,7 +167,7 @@ def run_gemm_shapes(ctx: PerformanceContext, cases: Sequence[tuple[str, torch.dt
             if not reason:
                 one = 0.0
                 try:
-                    fn = _shape_gemm(dtype, shape, device, ctx.seed)
+                    fn = layout_gemm(dtype, shape.layout, shape.dims, device, ctx.seed)
                     with target.active():
                         t0 = _timed.clock()
                         fn()
@@ -194,4 +196,4 @@ def run_gemm_shapes(ctx: PerformanceContext, cases: Sequence[tuple[str, torch.dt
                          None, "", record=False)
 
 
-__all__ = ["GemmShape", "MAX_DIM", "MAX_ELEMENTS", "read_shapes", "run_gemm_shapes"]
+__all__ = ["GemmShape", "MAX_DIM", "MAX_ELEMENTS", "layout_gemm", "read_shapes", "run_gemm_shapes"]
